@@ -1,0 +1,3 @@
+"""logdx: diagnose why a large training job failed, from its logs."""
+
+__version__ = "0.1.0"

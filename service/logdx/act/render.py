@@ -1,0 +1,86 @@
+"""The report for people: what an on-call engineer reads at 3 a.m., most important first."""
+
+from __future__ import annotations
+
+from logdx.act.report import Report
+
+_RESET = "\x1b[0m"
+_STYLES = {
+    "bold": "\x1b[1m",
+    "dim": "\x1b[2m",
+    "red": "\x1b[31m",
+    "green": "\x1b[32m",
+    "yellow": "\x1b[33m",
+    "cyan": "\x1b[36m",
+}
+_ACTION_WORDS = {
+    "cordon_and_restart": ("CORDON the node, then RESTART", "red"),
+    "restart": ("RESTART the job", "yellow"),
+    "no_restart": ("DO NOT RESTART: the owner must fix it", "yellow"),
+    "none": ("nothing to do", "green"),
+}
+_MAX_TEXT = 240
+
+
+def render_text(report: Report, color: bool = False) -> str:
+    def paint(text: str, *styles: str) -> str:
+        if not color:
+            return text
+        return "".join(_STYLES[s] for s in styles) + text + _RESET
+
+    lines: list[str] = []
+    if report.status == "healthy":
+        lines.append(paint("HEALTHY", "bold", "green") + f"  no failure found (confidence {report.confidence:.2f})")
+    else:
+        head = f"{report.category or 'unknown'} / {report.failure_type or 'unknown'}"
+        lines.append(paint("FAILED", "bold", "red") + "  " + paint(head, "bold") + f"  (confidence {report.confidence:.2f})")
+        words, tone = _ACTION_WORDS[report.action]
+        lines.append(f"{'action':>10}  " + paint(words, "bold", tone))
+        culprit = _culprit_text(report)
+        if culprit:
+            lines.append(f"{'culprit':>10}  " + paint(culprit, "bold"))
+        if report.root_cause:
+            rc = report.root_cause
+            lines.append(f"{'root line':>10}  " + paint(f"{rc.line_no}:", "cyan") + " " + _clip(rc.text))
+        if report.explanation:
+            lines.append(f"{'why':>10}  {report.explanation}")
+        if report.hint:
+            lines.append(f"{'next':>10}  {report.hint}")
+    if report.evidence:
+        lines.append("")
+        lines.append(paint("evidence", "bold"))
+        for e in report.evidence:
+            where = f"{e.line_no}:" if e.line_no is not None else "-"
+            lines.append(f"  {paint(where, 'cyan')} {_clip(e.text)}  " + paint(f"[{e.source}]", "dim"))
+    for note in report.notes:
+        lines.append(paint(f"note: {note}", "dim"))
+    c = report.compression
+    ratio = c.lines_in / max(1, c.lines_kept)
+    t = report.timings_ms
+    lines.append("")
+    lines.append(
+        paint(
+            f"{c.lines_in:,} lines -> {c.templates:,} templates, {c.lines_kept:,} kept ({ratio:,.0f}x)"
+            f" | read {t.get('read', 0):,.0f} ms, compress {t.get('compress', 0):,.0f} ms,"
+            f" diagnose {t.get('diagnose', 0):,.0f} ms | report {report.id}",
+            "dim",
+        )
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _culprit_text(report: Report) -> str:
+    c = report.culprits
+    parts = []
+    if c.hosts:
+        parts.append("host " + ", ".join(c.hosts[:6]))
+    if c.ranks:
+        ranks = ", ".join(map(str, c.ranks[:12])) + (f" (+{len(c.ranks) - 12})" if len(c.ranks) > 12 else "")
+        parts.append("rank " + ranks)
+    if c.gpus:
+        parts.append("GPU " + ", ".join(c.gpus[:6]))
+    return "  ".join(parts)
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 1] + "…"

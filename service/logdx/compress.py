@@ -1,0 +1,312 @@
+"""Stage 2: compress the stream in real time with Drain template mining.
+
+Millions of lines of a training log are a few hundred templates: progress lines, NCCL init, a
+config dump. The compressor counts each template (who emitted it, first/last line, one sample)
+and keeps in full only the lines that can matter: error-bearing lines, tracebacks, the first
+occurrences of each template, and the last lines of each rank. Everything else is a count.
+
+The hot path is the repeated line. Masking numbers, hex, IPs and paths turns a progress line into
+a string already seen, and a dict lookup on that string replaces the Drain tree search; whether a
+masked line is error-bearing or a progress line is decided once per distinct masked line too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+
+from drain3.drain import Drain
+
+from logdx.model import CompressionSummary, KeptLine, Record, TemplateStats
+from logdx.patterns import MASK, PARAM, TRACEBACK_START, is_traceback_body
+
+
+# Words that make a line worth keeping whole. Judged on the masked line, once per distinct line.
+_ERROR_WORDS = re.compile(
+    r"error|exception|traceback|fail|fatal|abort|kill|sigterm|sigkill|sigabrt|sigsegv|sigbus|"
+    r"segmentation|signal|exitcode|exit code|exit status|xid|nvrm|ecc|\bnan\b|\binf\b|timeout|"
+    r"timed out|out of memory|oom|warn|refused|reset by peer|broken pipe|unreachable|no space|"
+    r"denied|not found|no such|cannot|can't|unable|invalid|mismatch|corrupt|panic|critical|"
+    r"assert|unexpected|lost|terminat|cancel|preempt|stale|hang|stuck|illegal|uncorrectable|"
+    r"nvlink|retry|rev ff|does not exist|not compatible|unrecognized|required|deprecat|"
+    r"\bno attribute\b|not defined|undefined|interrupt|core dumped|nccl (?:warn|error)|"
+    r"slurmstepd|srun: |shm|bus error|unhealthy|degraded|throttl",
+    re.IGNORECASE,
+)
+_PROGRESS_WORDS = re.compile(r"\b(?:iter(?:ation)?|step|epoch|loss|it/s|samples/s|tokens/s)\b", re.IGNORECASE)
+_LOSS_VALUE = re.compile(
+    r"\bloss\b(?:[\s\w/]{0,20}?)[\s:=|]+\s*(nan|-?inf|[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.IGNORECASE
+)
+
+@dataclass(slots=True)
+class CompressConfig:
+    drain_depth: int = 4
+    drain_sim_th: float = 0.4
+    drain_max_children: int = 100
+    max_templates: int = 20_000  # beyond this, new templates share one overflow bucket
+    max_kept_lines: int = 100_000  # hard budget for lines kept in full
+    kept_per_error_template: int = 64
+    first_lines_per_template: int = 2
+    tail_lines_per_source: int = 20
+    max_sources: int = 8192
+    max_traceback_lines: int = 400  # per source, per traceback
+    mask_cache_size: int = 200_000
+    max_ids_per_template: int = 4096  # ranks / hosts remembered per template
+
+
+@dataclass(slots=True)
+class _Shape:
+    """What is known about one distinct masked line (the fast-path cache entry)."""
+
+    template_id: int
+    error: bool
+    progress: bool
+
+
+@dataclass(slots=True)
+class _SourceState:
+    tail: deque[Record]
+    in_traceback: int = 0  # lines left in the current traceback, 0 when not in one
+    after_exception: int = 0  # continuation lines of an exception message still to keep
+    last_progress_ts: float | None = None
+    interval_ema: float | None = None
+    loss_ema: float | None = None
+    loss_seen: int = 0
+
+
+@dataclass
+class Compressor:
+    config: CompressConfig = field(default_factory=CompressConfig)
+
+    def __post_init__(self) -> None:
+        c = self.config
+        self._drain = Drain(depth=c.drain_depth, sim_th=c.drain_sim_th, max_children=c.drain_max_children)
+        self._shapes: dict[str, _Shape] = {}
+        self._stats: dict[int, TemplateStats] = {}
+        self._sources: dict[str, _SourceState] = {}
+        self._kept_ids: set[int] = set()  # line numbers kept, so the tail does not repeat them
+        self.lines_in = 0
+        self.lines_kept = 0
+        self._max_rank = -1
+        self._hosts: set[str] = set()
+        self._rank_hosts: dict[int, str] = {}
+        self._first_ts: float | None = None
+        self._last_ts: float | None = None
+        self._progress_lines = 0
+        self._last_progress_line: dict[str, int] = {}
+        self._last_progress_ts: float | None = None
+        self.last_progress: Record | None = None  # the last progress line itself: a stall's anchor
+
+    # -- the hot path ----------------------------------------------------------------------------
+
+    def add(self, rec: Record) -> list[KeptLine]:
+        """Account for one record; returns the lines kept in full because of it (usually none)."""
+        self.lines_in += 1
+        masked = MASK.sub(PARAM, rec.text)
+        shape = self._shapes.get(masked)
+        if shape is None:
+            shape = self._new_shape(masked)
+        stats = self._stats[shape.template_id]
+        stats.count += 1
+        stats.last_line = rec.line_no
+        self._note_origin(rec, stats)
+        src = self._source(rec.source_key)
+        if shape.progress:
+            self._note_progress(rec, src)
+        reason = self._keep_reason(rec, shape, stats, src)
+        if reason is None:
+            src.tail.append(rec)
+            return []
+        return [self._keep(rec, stats, reason)]
+
+    def _new_shape(self, masked: str) -> _Shape:
+        if len(self._shapes) >= self.config.mask_cache_size:
+            self._shapes.clear()
+        template_id = self._template_for(masked)
+        shape = _Shape(
+            template_id=template_id,
+            error=bool(_ERROR_WORDS.search(masked)),
+            progress=bool(_PROGRESS_WORDS.search(masked)),
+        )
+        if shape.error:
+            self._stats[template_id].error_bearing = True
+        self._shapes[masked] = shape
+        return shape
+
+    def _template_for(self, masked: str) -> int:
+        if len(self._stats) >= self.config.max_templates:
+            overflow = self._stats.get(-1)
+            if overflow is None:
+                self._stats[-1] = TemplateStats(template_id=-1, template="<overflow: too many templates>")
+            return -1
+        cluster, _ = self._drain.add_log_message(masked)
+        cid = cluster.cluster_id
+        if cid not in self._stats:
+            self._stats[cid] = TemplateStats(template_id=cid, template=cluster.get_template())
+        return cid
+
+    def _note_origin(self, rec: Record, stats: TemplateStats) -> None:
+        if stats.count == 1:
+            stats.first_line = rec.line_no
+            stats.sample = rec.raw
+        cap = self.config.max_ids_per_template
+        if rec.rank is not None:
+            if rec.rank > self._max_rank:
+                self._max_rank = rec.rank
+            if len(stats.ranks) < cap:
+                stats.ranks.add(rec.rank)
+        if rec.host is not None:
+            if rec.rank is not None and rec.rank not in self._rank_hosts and len(self._rank_hosts) < cap:
+                self._rank_hosts[rec.rank] = rec.host
+            if len(self._hosts) < cap:
+                self._hosts.add(rec.host)
+            if len(stats.hosts) < cap:
+                stats.hosts.add(rec.host)
+        if rec.ts is not None:
+            if self._first_ts is None:
+                self._first_ts = rec.ts
+            if self._last_ts is None or rec.ts > self._last_ts:
+                self._last_ts = rec.ts
+
+    def _source(self, key: str) -> _SourceState:
+        src = self._sources.get(key)
+        if src is None:
+            if len(self._sources) >= self.config.max_sources:
+                key = "overflow"
+                src = self._sources.get(key)
+            if src is None:
+                src = _SourceState(tail=deque(maxlen=self.config.tail_lines_per_source))
+                self._sources[key] = src
+        return src
+
+    def _keep_reason(self, rec: Record, shape: _Shape, stats: TemplateStats, src: _SourceState) -> str | None:
+        text = rec.text
+        if src.in_traceback:
+            return self._traceback_step(text, src)
+        if src.after_exception:
+            src.after_exception -= 1
+            if text and not text[0].isspace() and self._room():
+                return "traceback"
+            src.after_exception = 0
+        if TRACEBACK_START in text:
+            src.in_traceback = self.config.max_traceback_lines
+            return "traceback"
+        if shape.progress and src.loss_ema is not None and self._loss_anomaly(rec, src):
+            return "loss"
+        if shape.error:
+            if stats.kept < self.config.kept_per_error_template and self._room():
+                return "error"
+            return None
+        if stats.count <= self.config.first_lines_per_template and self._room(soft=True):
+            return "new_template"
+        return None
+
+    def _traceback_step(self, text: str, src: _SourceState) -> str:
+        src.in_traceback -= 1
+        if not is_traceback_body(text):
+            # The first line back at the margin is the exception itself; its message may go on.
+            src.in_traceback = 0
+            src.after_exception = 3
+        return "traceback"
+
+    def _room(self, soft: bool = False) -> bool:
+        budget = self.config.max_kept_lines
+        return self.lines_kept < (budget // 2 if soft else budget)
+
+    def _keep(self, rec: Record, stats: TemplateStats, reason: str) -> KeptLine:
+        stats.kept += 1
+        self.lines_kept += 1
+        self._kept_ids.add(rec.line_no)
+        if len(self._kept_ids) > 4 * self.config.max_kept_lines:
+            self._kept_ids.clear()
+        return KeptLine(record=rec, template_id=stats.template_id, reason=reason)
+
+    # -- progress: what stalls and loss anomalies are judged by -----------------------------------
+
+    def _note_progress(self, rec: Record, src: _SourceState) -> None:
+        self._progress_lines += 1
+        self.last_progress = rec
+        self._last_progress_line[rec.source_key] = rec.line_no
+        ts = rec.ts
+        if ts is not None:
+            if src.last_progress_ts is not None and ts > src.last_progress_ts:
+                gap = ts - src.last_progress_ts
+                src.interval_ema = gap if src.interval_ema is None else 0.9 * src.interval_ema + 0.1 * gap
+            src.last_progress_ts = ts
+            if self._last_progress_ts is None or ts > self._last_progress_ts:
+                self._last_progress_ts = ts
+        m = _LOSS_VALUE.search(rec.text)
+        if m and src.loss_ema is None:
+            value = _to_float(m.group(1))
+            if value is not None and value == value and abs(value) != float("inf"):
+                src.loss_ema = value
+                src.loss_seen = 1
+
+    def _loss_anomaly(self, rec: Record, src: _SourceState) -> bool:
+        m = _LOSS_VALUE.search(rec.text)
+        if not m:
+            return False
+        value = _to_float(m.group(1))
+        if value is None:
+            return False
+        if value != value or abs(value) == float("inf"):
+            return True
+        ema = src.loss_ema if src.loss_ema is not None else value
+        src.loss_seen += 1
+        spike = src.loss_seen > 20 and value > 3.0 * ema + 1.0
+        if not spike:
+            src.loss_ema = 0.95 * ema + 0.05 * value
+        return spike
+
+    # -- the end of the stream ---------------------------------------------------------------------
+
+    def flush_tails(self) -> list[KeptLine]:
+        """The last lines of every source, kept at the end (they often say how a rank died)."""
+        out: list[KeptLine] = []
+        for src in self._sources.values():
+            for rec in src.tail:
+                if rec.line_no not in self._kept_ids:
+                    out.append(KeptLine(record=rec, template_id=-2, reason="tail"))
+            src.tail.clear()
+        out.sort(key=lambda k: k.record.line_no)
+        self.lines_kept += len(out)
+        return out
+
+    def templates(self) -> list[TemplateStats]:
+        """Per-template statistics, with the current (most general) template text."""
+        for cluster in self._drain.clusters:
+            stats = self._stats.get(cluster.cluster_id)
+            if stats is not None:
+                stats.template = cluster.get_template()
+        return sorted(self._stats.values(), key=lambda s: s.first_line)
+
+    def template_text(self, template_id: int) -> str:
+        stats = self._stats.get(template_id)
+        return stats.template if stats else ""
+
+    def summary(self, bytes_in: int = 0, lines_truncated: int = 0) -> CompressionSummary:
+        intervals = sorted(s.interval_ema for s in self._sources.values() if s.interval_ema)
+        return CompressionSummary(
+            lines_in=self.lines_in,
+            bytes_in=bytes_in,
+            templates=len(self._stats),
+            lines_kept=self.lines_kept,
+            lines_truncated=lines_truncated,
+            world_size=self._max_rank + 1,
+            hosts=sorted(self._hosts),
+            first_ts=self._first_ts,
+            last_ts=self._last_ts,
+            progress_lines=self._progress_lines,
+            last_progress_line=dict(self._last_progress_line),
+            last_progress_ts=self._last_progress_ts,
+            step_interval_s=intervals[len(intervals) // 2] if intervals else None,
+            rank_hosts=dict(self._rank_hosts),
+        )
+
+
+def _to_float(s: str) -> float | None:
+    try:
+        return float(s)
+    except ValueError:
+        return None

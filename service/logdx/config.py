@@ -1,0 +1,144 @@
+"""All configuration in one place: defaults that work out of the box, an optional file, env vars.
+
+Precedence (later wins): built-in defaults < the file named by `--config` or `LOGDX_CONFIG`
+(YAML or TOML) < environment variables `LOGDX_<SECTION>__<KEY>` (e.g. `LOGDX_LLM__BACKEND=openai`,
+`LOGDX_SERVER__PORT=8080`). List values in env vars are comma-separated.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputSettings(_Section):
+    max_line_bytes: int = Field(64 * 1024, ge=256, description="longer lines are cut and marked")
+
+
+class CompressSettings(_Section):
+    drain_depth: int = Field(4, ge=3)
+    drain_sim_th: float = Field(0.4, gt=0, le=1)
+    max_templates: int = Field(20_000, ge=100)
+    max_kept_lines: int = Field(100_000, ge=1000)
+    kept_per_error_template: int = Field(64, ge=1)
+    tail_lines_per_source: int = Field(20, ge=0)
+
+
+class DetectSettings(_Section):
+    stall_factor: float = Field(10.0, gt=1)
+    stall_min_s: float = Field(300.0, ge=0)
+
+
+class RulesSettings(_Section):
+    dirs: list[Path] = Field(default_factory=list, description="extra rule packs, loaded after the built-in ones")
+
+
+class RetrievalSettings(_Section):
+    enabled: bool = True
+    k: int = Field(5, ge=1, le=50)
+    min_similarity: float = Field(0.55, ge=0, le=1)
+
+
+class LLMSettings(_Section):
+    enabled: bool = True
+    backend: Literal["embedded", "openai"] = "embedded"
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = "default"
+    api_key: str = ""
+    timeout_s: float = Field(30.0, gt=0)
+    cache_dir: Path = Path.home() / ".cache" / "logdx"
+
+
+class StoreSettings(_Section):
+    path: Path = Path.home() / ".local" / "share" / "logdx" / "logdx.db"
+
+
+class ServerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8077, ge=1, le=65535)
+    workers: int = Field(1, ge=1)
+    token: str = ""
+    max_request_bytes: int = Field(512 * 1024 * 1024, ge=1024)
+    public_url: str = ""
+
+
+class Settings(_Section):
+    input: InputSettings = Field(default_factory=InputSettings)
+    compress: CompressSettings = Field(default_factory=CompressSettings)
+    detect: DetectSettings = Field(default_factory=DetectSettings)
+    rules: RulesSettings = Field(default_factory=RulesSettings)
+    retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    llm: LLMSettings = Field(default_factory=LLMSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+
+
+class ConfigError(Exception):
+    """The configuration file or an environment variable is invalid; the message says which."""
+
+
+def load_settings(path: str | Path | None = None, env: dict[str, str] | None = None) -> Settings:
+    env = dict(os.environ if env is None else env)
+    data: dict[str, Any] = {}
+    source = str(path or env.get("LOGDX_CONFIG") or "")
+    if source:
+        data = _read_file(Path(source))
+    _merge(data, _from_env(env))
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        origin = f"{source}: " if source else ""
+        raise ConfigError(f"{origin}invalid setting {where}: {first['msg']}") from None
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config file: {e.strerror or e}") from None
+    try:
+        loaded = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'YAML'}: {e}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return loaded
+
+
+def _from_env(env: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in env.items():
+        if not name.startswith("LOGDX_") or "__" not in name:
+            continue
+        section, _, key = name[len("LOGDX_"):].lower().partition("__")
+        field = Settings.model_fields.get(section)
+        if field is None:
+            continue
+        sub_fields = field.annotation.model_fields if field.annotation else {}  # type: ignore[union-attr]
+        parsed: Any = value
+        sub = sub_fields.get(key)
+        if sub is not None and "list" in str(sub.annotation):
+            parsed = [v for v in value.split(",") if v]
+        out.setdefault(section, {})[key] = parsed
+    return out
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value

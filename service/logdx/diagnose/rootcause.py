@@ -1,0 +1,333 @@
+"""The rules stage of diagnosis: which event is the root cause, and who is the culprit.
+
+Symptoms never win over a root cause. Among root causes the earliest wins (by timestamp when
+both carry one, else by line order), unless the rank that raised it kept training afterwards
+(then it was not fatal). Generic fallbacks (an exception no precise rule knows) win only when no
+precise root cause exists. When only symptoms exist (every rank but one timed out in NCCL), the
+culprit is the rank missing from the symptom set, or the one lagging in collective sequence.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from logdx.diagnose.rules import RuleHit, RuleSet
+from logdx.model import (
+    Action,
+    Category,
+    CompressionSummary,
+    Event,
+    Evidence,
+    FailureContext,
+    Label,
+    Role,
+    StageVote,
+    TemplateStats,
+)
+from logdx.patterns import mask
+
+_SEQNUM = re.compile(r"SeqNum=(\d+)")
+# A rank that kept making progress this long after an error was not killed by it.
+_NON_FATAL_AFTER_S = 300.0
+
+
+@dataclass(slots=True)
+class Finding:
+    """An event with the best rule that matched it, and how many like it were seen."""
+
+    event: Event
+    hit: RuleHit
+    similar: int = 1
+    ranks: set[int] = field(default_factory=set)
+    hosts: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class RulesOutcome:
+    """What the rules stage concluded, before retrieval and the LLM have their say."""
+
+    vote: StageVote
+    winner: Finding | None
+    role: Role | None  # the role of the winning hit: a symptom-only verdict is weak
+    findings: list[Finding]
+    culprit_hosts: list[str]
+    culprit_ranks: list[int]
+    culprit_gpus: list[str]
+    context: FailureContext
+    explanation: str
+    hint: str
+    unexplained_events: list[Event] = field(default_factory=list)  # events no rule knew
+
+
+def find_root_cause(
+    events: Sequence[Event],
+    summary: CompressionSummary,
+    templates: Sequence[TemplateStats],
+    rules: RuleSet,
+) -> RulesOutcome:
+    findings, unexplained = _match_all(events, rules)
+    winner, role = _choose(findings, summary)
+    hosts, ranks, gpus = _culprits(winner, role, findings, summary)
+    vote = _vote(winner, findings)
+    context = failure_context(winner.hit.line if winner else _first_anchor(unexplained), winner, templates, findings)
+    explanation = _explain(winner, role, findings, hosts, ranks, gpus)
+    hint = winner.hit.hint if winner else ""
+    return RulesOutcome(
+        vote=vote,
+        winner=winner,
+        role=role,
+        findings=findings,
+        culprit_hosts=hosts,
+        culprit_ranks=ranks,
+        culprit_gpus=gpus,
+        context=context,
+        explanation=explanation,
+        hint=hint,
+        unexplained_events=unexplained,
+    )
+
+
+# -- matching ----------------------------------------------------------------------------------------
+
+
+def _match_all(events: Sequence[Event], rules: RuleSet) -> tuple[list[Finding], list[Event]]:
+    """Best hit per event; events that repeat a (rule, template) already found are folded in."""
+    by_key: dict[tuple[str, str], Finding] = {}
+    unexplained: list[Event] = []
+    for event in events:
+        hits = rules.match(event)
+        if not hits:
+            unexplained.append(event)
+            continue
+        hit = hits[0]
+        key = (hit.rule_id, mask(hit.line.text))
+        found = by_key.get(key)
+        if found is None:
+            found = by_key[key] = Finding(event=event, hit=hit, similar=0)
+        elif _earlier(event, found.event):
+            found.event, found.hit = event, hit
+        found.similar += 1
+        _note_where(found, hit)
+    return list(by_key.values()), unexplained
+
+
+def _note_where(found: Finding, hit: RuleHit) -> None:
+    rank = _int_or_none(hit.groups.get("rank")) if hit.groups.get("rank") else hit.line.rank
+    host = hit.groups.get("host") or hit.line.host
+    if rank is not None:
+        found.ranks.add(rank)
+    if host:
+        found.hosts.add(host)
+
+
+def _earlier(a: Event, b: Event) -> bool:
+    if a.ts is not None and b.ts is not None and a.ts != b.ts:
+        return a.ts < b.ts
+    return a.line_no < b.line_no
+
+
+def _earliest(findings: list[Finding]) -> Finding:
+    best = findings[0]
+    for f in findings[1:]:
+        if _earlier(f.event, best.event):
+            best = f
+    return best
+
+
+# -- choosing ----------------------------------------------------------------------------------------
+
+
+def _choose(findings: list[Finding], summary: CompressionSummary) -> tuple[Finding | None, Role | None]:
+    for role in (Role.ROOT_CAUSE, Role.FALLBACK, Role.SYMPTOM):
+        candidates = [f for f in findings if f.hit.role == role]
+        if not candidates:
+            continue
+        fatal = [f for f in candidates if not _kept_training_after(f.event, summary)]
+        return _earliest(fatal or candidates), role
+    return None, None
+
+
+def _kept_training_after(event: Event, summary: CompressionSummary) -> bool:
+    anchor = event.anchor
+    key = anchor.source_key
+    last = summary.last_progress_line.get(key)
+    if last is None or last <= event.line_no:
+        return False
+    if key != "-":
+        return True
+    # Lines without a rank prefix may come from any process: only a long run of progress counts.
+    return (
+        anchor.ts is not None
+        and summary.last_progress_ts is not None
+        and summary.last_progress_ts - anchor.ts > _NON_FATAL_AFTER_S
+    )
+
+
+# -- culprits ----------------------------------------------------------------------------------------
+
+
+def _culprits(
+    winner: Finding | None, role: Role | None, findings: list[Finding], summary: CompressionSummary
+) -> tuple[list[str], list[int], list[str]]:
+    if winner is None:
+        return [], [], []
+    if role == Role.SYMPTOM:
+        ranks = _silent_or_lagging_ranks(findings, summary)
+        hosts = sorted({summary.rank_hosts[r] for r in ranks if r in summary.rank_hosts})
+        return hosts, ranks, []
+    hit, line = winner.hit, winner.hit.line
+    rank = _int_or_none(hit.groups.get("rank")) if hit.groups.get("rank") else line.rank
+    host = hit.groups.get("host") or line.host or (summary.rank_hosts.get(rank) if rank is not None else None)
+    gpu = hit.groups.get("gpu") or winner.event.gpu
+    if hit.label.category != Category.INFRASTRUCTURE:
+        # A bug in code or config is not a node's fault: name where it surfaced, not a host to cordon.
+        ranks = sorted(winner.ranks)[:16] or ([rank] if rank is not None else [])
+        return [], ranks, []
+    return ([host] if host else []), ([rank] if rank is not None else []), ([gpu] if gpu else [])
+
+
+def _silent_or_lagging_ranks(findings: list[Finding], summary: CompressionSummary) -> list[int]:
+    symptoms = [f for f in findings if f.hit.role == Role.SYMPTOM]
+    reporting: set[int] = set()
+    seq_by_rank: dict[int, int] = {}
+    for f in symptoms:
+        reporting |= f.ranks
+        for rec in f.event.lines:
+            m = _SEQNUM.search(rec.text)
+            if m and rec.rank is not None:
+                seq_by_rank[rec.rank] = int(m.group(1))
+    lagging = _lagging(seq_by_rank)
+    if lagging:
+        return lagging
+    world = summary.world_size
+    if world <= 1 or not reporting:
+        return []
+    silent = sorted(set(range(world)) - reporting)
+    # Only a few silent ranks point at a culprit; half the job silent says nothing.
+    return silent if 0 < len(silent) <= max(1, world // 8) else []
+
+
+def _lagging(seq_by_rank: dict[int, int]) -> list[int]:
+    if len(set(seq_by_rank.values())) < 2:
+        return []
+    low = min(seq_by_rank.values())
+    counts = Counter(seq_by_rank.values())
+    if counts[low] > len(seq_by_rank) // 2:
+        return []
+    return sorted(r for r, s in seq_by_rank.items() if s == low)
+
+
+# -- vote, context, words -----------------------------------------------------------------------------
+
+
+def _vote(winner: Finding | None, findings: list[Finding]) -> StageVote:
+    if winner is None:
+        return StageVote(source="rules", scores=[])
+    scores: dict[tuple[str, str], tuple[Label, float]] = {}
+    w = winner.hit
+    scores[(w.label.category.value, w.label.failure_type)] = (w.label, w.confidence)
+    # Other root causes keep a little mass, so a later stage can still prefer one of them.
+    for f in findings:
+        if f is winner or f.hit.role == Role.SYMPTOM:
+            continue
+        key = (f.hit.label.category.value, f.hit.label.failure_type)
+        if key not in scores:
+            scores[key] = (f.hit.label, min(0.3, f.hit.confidence * 0.3))
+    ranked = sorted(scores.values(), key=lambda s: -s[1])
+    return StageVote(source="rules", scores=ranked, evidence=_evidence(winner, findings))
+
+
+def _evidence(winner: Finding, findings: list[Finding], limit: int = 6) -> list[Evidence]:
+    out = [Evidence(line_no=winner.hit.line.line_no, text=winner.hit.line.raw, source=f"rule:{winner.hit.rule_id}")]
+    others = sorted((f for f in findings if f is not winner), key=lambda f: (f.hit.role != Role.ROOT_CAUSE, f.event.line_no))
+    for f in others[: limit - 1]:
+        text = f.hit.line.raw
+        if f.similar > 1:
+            where = f" on {len(f.ranks)} ranks" if len(f.ranks) > 1 else ""
+            text = f"{text}  (+{f.similar - 1} similar{where})"
+        out.append(Evidence(line_no=f.hit.line.line_no, text=text, source=f"rule:{f.hit.rule_id}"))
+    return out
+
+
+def failure_context(
+    root_line: object, winner: Finding | None, templates: Sequence[TemplateStats], findings: list[Finding]
+) -> FailureContext:
+    from logdx.model import Record
+
+    root = root_line if isinstance(root_line, Record) else None
+    root_text = root.raw if root else ""
+    near = _nearby_error_templates(templates, root.line_no if root else None)
+    excerpt: list[str] = []
+    if winner is not None:
+        excerpt = [r.raw for r in winner.event.lines[-12:]]
+    elif root is not None:
+        excerpt = [root.raw]
+    event = winner.event if winner else None
+    return FailureContext(
+        root_text=root_text,
+        root_masked=mask(root.text) if root else "",
+        templates=near,
+        excerpt=excerpt,
+        exception_type=event.exception_type if event else None,
+    )
+
+
+def _nearby_error_templates(templates: Sequence[TemplateStats], line_no: int | None, limit: int = 8) -> list[str]:
+    errors = [t for t in templates if t.error_bearing and t.template_id >= 0]
+    if line_no is not None:
+        errors.sort(key=lambda t: abs(t.first_line - line_no))
+    return [t.template for t in errors[:limit]]
+
+
+def _first_anchor(events: list[Event]) -> object:
+    return events[0].anchor if events else None
+
+
+def _explain(
+    winner: Finding | None, role: Role | None, findings: list[Finding], hosts: list[str], ranks: list[int], gpus: list[str]
+) -> str:
+    if winner is None:
+        return "No failure signature found in the log."
+    where = _where(hosts, ranks, gpus)
+    title = winner.hit.title
+    if role == Role.SYMPTOM:
+        reporters = set().union(*(f.ranks for f in findings if f.hit.role == Role.SYMPTOM))
+        text = f"Only symptoms found: {title} on {len(reporters) or 'several'} ranks"
+        return text + (f"; the culprit is likely {where}, which fell silent or lagged." if where else ".")
+    text = f"{title}{' on ' + where if where else ''} (line {winner.hit.line.line_no})"
+    symptom_ranks: dict[str, set[int]] = defaultdict(set)
+    for f in findings:
+        if f.hit.role == Role.SYMPTOM:
+            symptom_ranks[f.hit.title] |= f.ranks or {-1}
+    if symptom_ranks:
+        title2, rs = max(symptom_ranks.items(), key=lambda kv: len(kv[1]))
+        n = len(rs - {-1})
+        text += f"; then {n} other rank{'s' if n != 1 else ''} reported: {title2}" if n else f"; then: {title2}"
+    return text + "."
+
+
+def _where(hosts: list[str], ranks: list[int], gpus: list[str]) -> str:
+    parts = []
+    if hosts:
+        parts.append(", ".join(hosts[:4]))
+    if ranks:
+        parts.append("rank " + ", ".join(map(str, ranks[:8])) + ("…" if len(ranks) > 8 else ""))
+    if gpus:
+        parts.append("GPU " + ", ".join(gpus[:4]))
+    return " ".join(parts[:1]) + (f" ({', '.join(parts[1:])})" if len(parts) > 1 else "")
+
+
+def _int_or_none(value: object) -> int | None:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def default_action(category: Category, hardware: bool = False) -> Action:
+    if category == Category.INFRASTRUCTURE:
+        return Action.CORDON_AND_RESTART if hardware else Action.RESTART
+    return Action.NO_RESTART

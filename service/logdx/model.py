@@ -1,0 +1,212 @@
+"""The plain data that flows between pipeline stages.
+
+Every stage imports its inputs from here, never from the stage before it, so the pipeline
+reads one way: normalize -> compress -> detect -> diagnose -> act.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Category(str, Enum):
+    INFRASTRUCTURE = "infrastructure"
+    FRAMEWORK = "framework"
+    SCRIPT = "script"
+    UNKNOWN = "unknown"
+
+
+class Action(str, Enum):
+    CORDON_AND_RESTART = "cordon_and_restart"
+    RESTART = "restart"
+    NO_RESTART = "no_restart"
+    NONE = "none"
+
+
+class Role(str, Enum):
+    """Whether a matched rule names the cause of a failure or one of its echoes."""
+
+    ROOT_CAUSE = "root_cause"
+    SYMPTOM = "symptom"
+    # Generic fallbacks (an uncategorised exception): a root cause only when nothing precise exists.
+    FALLBACK = "fallback"
+
+
+FAILURE_TYPES: dict[Category, tuple[str, ...]] = {
+    Category.INFRASTRUCTURE: (
+        "gpu_fell_off_bus", "ecc_error", "nvlink_error", "gpu_hardware_error", "cuda_error",
+        "node_failure", "network_error", "nccl_error", "nccl_timeout", "connection_error",
+        "storage_error", "disk_full",
+    ),
+    Category.FRAMEWORK: (
+        "cuda_oom", "host_oom", "dataloader_killed", "nan_loss", "checkpoint_error",
+        "dataset_loading_error", "config_error", "version_mismatch", "environment_error",
+        "framework_error",
+    ),
+    Category.SCRIPT: (
+        "syntax_error", "import_error", "name_error", "attribute_error", "type_error",
+        "key_error", "index_error", "value_error", "file_not_found", "permission_error",
+        "argument_error", "called_process_error", "script_error",
+    ),
+    Category.UNKNOWN: ("unknown",),
+}
+ALL_FAILURE_TYPES: frozenset[str] = frozenset(t for ts in FAILURE_TYPES.values() for t in ts)
+
+
+@dataclass(slots=True)
+class Record:
+    """One log line after normalisation: the message plus what its prefixes told us."""
+
+    line_no: int
+    raw: str  # the whole line, sanitised (no ANSI, no NUL, no CR), possibly truncated
+    text: str  # the message with launcher/host/rank prefixes stripped
+    rank: int | None = None
+    local_rank: int | None = None
+    host: str | None = None
+    ts: float | None = None  # epoch seconds, when the line carried a timestamp
+    stream: str | None = None  # "stdout" | "stderr" when known
+    truncated: bool = False
+
+    @property
+    def source_key(self) -> str:
+        """Which process wrote the line, as far as we can tell: tracebacks are grouped by this."""
+        if self.rank is not None:
+            return f"r{self.rank}"
+        if self.host is not None:
+            return f"h{self.host}:{self.local_rank if self.local_rank is not None else ''}"
+        if self.local_rank is not None:
+            return f"l{self.local_rank}"
+        return "-"
+
+
+@dataclass(slots=True)
+class TemplateStats:
+    """What the compressor remembers about one Drain template."""
+
+    template_id: int
+    template: str
+    count: int = 0
+    first_line: int = 0
+    last_line: int = 0
+    sample: str = ""
+    ranks: set[int] = field(default_factory=set)
+    hosts: set[str] = field(default_factory=set)
+    kept: int = 0  # how many of its lines were kept in full
+    error_bearing: bool = False
+
+
+@dataclass(slots=True)
+class KeptLine:
+    """A line the compressor kept in full, with the template it belongs to."""
+
+    record: Record
+    template_id: int
+    reason: str  # "error" | "traceback" | "new_template" | "tail"
+
+
+@dataclass(slots=True)
+class CompressionSummary:
+    lines_in: int
+    bytes_in: int
+    templates: int
+    lines_kept: int
+    lines_truncated: int
+    world_size: int  # 1 + the highest rank seen (0 when no rank was seen)
+    hosts: list[str]
+    first_ts: float | None
+    last_ts: float | None
+    # Training progress (iteration/step/loss lines): what stalls and non-fatal errors are judged by.
+    progress_lines: int = 0
+    last_progress_line: dict[str, int] = field(default_factory=dict)  # per source_key
+    last_progress_ts: float | None = None
+    step_interval_s: float | None = None  # typical time between progress lines of one source
+    rank_hosts: dict[int, str] = field(default_factory=dict)  # which host each rank ran on, when seen
+
+
+@dataclass(slots=True)
+class Frame:
+    path: str
+    line: int | None
+    function: str | None
+    code: str | None = None
+
+
+@dataclass(slots=True)
+class Event:
+    """Something that happened: a traceback, an NCCL warning, an Xid, a signal exit, a NaN..."""
+
+    kind: str  # traceback | line | nccl | xid | signal_exit | child_failed | loss_nan | loss_spike | stall
+    anchor: Record  # the one line that stands for the event (the exception line, the Xid line...)
+    lines: list[Record] = field(default_factory=list)  # the event's lines, anchor included
+    exception_type: str | None = None  # for tracebacks: "torch.OutOfMemoryError" style, as printed
+    exception_message: str | None = None
+    frames: list[Frame] = field(default_factory=list)
+    gpu: str | None = None
+    attrs: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def line_no(self) -> int:
+        return self.anchor.line_no
+
+    @property
+    def ts(self) -> float | None:
+        return self.anchor.ts
+
+
+@dataclass(slots=True)
+class Evidence:
+    line_no: int | None
+    text: str
+    source: str  # "rule:<id>" | "retrieval:<incident id>" | "llm:<backend>" | "detect:<kind>"
+
+
+@dataclass(slots=True)
+class Label:
+    """One point of the label space every diagnosis stage votes over."""
+
+    category: Category
+    failure_type: str
+    action: Action
+
+
+@dataclass(slots=True)
+class StageVote:
+    """What one stage of diagnosis believes: a distribution over labels, with its evidence."""
+
+    source: str  # "rules" | "retrieval" | "llm"
+    scores: list[tuple[Label, float]]  # best first; scores in 0..1 (need not sum to 1)
+    evidence: list[Evidence] = field(default_factory=list)
+    explanation: str | None = None  # the LLM may write one
+    note: str | None = None  # e.g. "llm unavailable: timeout; fell back to rules + retrieval"
+
+
+@dataclass(slots=True)
+class FailureContext:
+    """The compressed failure, as text for retrieval and the LLM (numbers and names masked)."""
+
+    root_text: str  # the root line (raw) or "" when none was found
+    root_masked: str  # its template
+    templates: list[str]  # masked error-bearing templates near the failure, most relevant first
+    excerpt: list[str]  # a few raw lines around the root cause (for the LLM prompt)
+    exception_type: str | None = None
+
+    def as_query(self) -> str:
+        """The text that is embedded for nearest-neighbour search."""
+        return "\n".join([self.root_masked, *self.templates[:8]])
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    status: str  # "failed" | "healthy"
+    label: Label | None
+    confidence: float
+    root: Record | None
+    culprit_hosts: list[str] = field(default_factory=list)
+    culprit_ranks: list[int] = field(default_factory=list)
+    culprit_gpus: list[str] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
+    explanation: str = ""
+    hint: str = ""
+    votes: list[StageVote] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)

@@ -1,0 +1,123 @@
+"""The core every interface shares: lines in, a report out.
+
+`Engine` holds what is loaded once per process (settings, rules, models); a `Session` is one job's
+streaming state (normalizer, compressor, detector, events). The CLI feeds a session from a file,
+the HTTP service from request bodies, `logdx run` from a child process's output.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from logdx.act.report import Report, build_report
+from logdx.compress import CompressConfig, Compressor
+from logdx.config import Settings
+from logdx.detect import DetectConfig, Detector
+from logdx.diagnose import Diagnoser
+from logdx.diagnose.rules import RuleSet, default_rules_dir, load_rules
+from logdx.model import Event, Role
+from logdx.normalize import Normalizer, Source, iter_lines, open_input
+
+
+@dataclass
+class Engine:
+    settings: Settings
+    rules: RuleSet
+    diagnoser: Diagnoser
+
+    @classmethod
+    def create(cls, settings: Settings, extra_rule_dirs: Sequence[Path] = ()) -> Engine:
+        dirs = [default_rules_dir(), *settings.rules.dirs, *extra_rule_dirs]
+        rules = load_rules(dirs)
+        return cls(settings=settings, rules=rules, diagnoser=Diagnoser(rules=rules))
+
+    def new_session(self) -> Session:
+        return Session(self)
+
+    def diagnose_path(self, path: str | Path) -> Report:
+        """Diagnose a whole file (or `-` for stdin) in one streaming pass."""
+        session = self.new_session()
+        with open_input(path) as f:
+            session.feed_lines(iter_lines(f, self.settings.input.max_line_bytes))
+        return session.report()
+
+
+@dataclass
+class Session:
+    engine: Engine
+
+    def __post_init__(self) -> None:
+        s = self.engine.settings
+        self.normalizer = Normalizer(max_line_bytes=s.input.max_line_bytes)
+        self.compressor = Compressor(
+            CompressConfig(
+                drain_depth=s.compress.drain_depth,
+                drain_sim_th=s.compress.drain_sim_th,
+                max_templates=s.compress.max_templates,
+                max_kept_lines=s.compress.max_kept_lines,
+                kept_per_error_template=s.compress.kept_per_error_template,
+                tail_lines_per_source=s.compress.tail_lines_per_source,
+            )
+        )
+        self.detector = Detector(DetectConfig(stall_factor=s.detect.stall_factor, stall_min_s=s.detect.stall_min_s))
+        self.events: list[Event] = []
+        self.root_cause_events: list[Event] = []  # events a root-cause rule matched, as they came
+        self.finished = False
+        self._normalize_s = 0.0
+        self._compress_s = 0.0
+
+    def feed(self, raw: bytes | str, source: Source | None = None) -> list[Event]:
+        """One line in; returns the events it completed (most lines complete none)."""
+        t0 = time.perf_counter()
+        rec = self.normalizer.normalize(raw, source)
+        t1 = time.perf_counter()
+        new: list[Event] = []
+        for kept in self.compressor.add(rec):
+            new.extend(self.detector.feed(kept))
+        if new:
+            self._note_events(new)
+        self._normalize_s += t1 - t0
+        self._compress_s += time.perf_counter() - t1
+        return new
+
+    def feed_lines(self, lines: Iterable[bytes | str], source: Source | None = None) -> None:
+        for raw in lines:
+            self.feed(raw, source)
+
+    def _note_events(self, new: list[Event]) -> None:
+        self.events.extend(new)
+        for ev in new:
+            hits = self.engine.rules.match(ev)
+            if hits and hits[0].role == Role.ROOT_CAUSE:
+                self.root_cause_events.append(ev)
+
+    @property
+    def root_cause_seen(self) -> bool:
+        """A precise root cause has appeared: reason enough to diagnose before the job ends."""
+        return bool(self.root_cause_events)
+
+    def finish(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        for kept in self.compressor.flush_tails():
+            self._note_events(self.detector.feed(kept))
+        summary = self._summary()
+        self._note_events(self.detector.finish(summary, self.compressor.last_progress))
+
+    def report(self, exit_code: int | None = None, final: bool = True) -> Report:
+        """Diagnose what has been seen. `final=False` leaves the stream open for more lines."""
+        if final:
+            self.finish()
+        t0 = time.perf_counter()
+        summary = self._summary()
+        diagnosis = self.engine.diagnoser.diagnose(self.events, summary, self.compressor.templates(), exit_code)
+        timings = {"read": self._normalize_s * 1000, "compress": self._compress_s * 1000}
+        timings["diagnose"] = (time.perf_counter() - t0) * 1000
+        return build_report(diagnosis, summary, timings)
+
+    def _summary(self):  # noqa: ANN202 - CompressionSummary
+        return self.compressor.summary(bytes_in=self.normalizer.bytes_in, lines_truncated=self.normalizer.truncated)

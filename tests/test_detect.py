@@ -1,0 +1,104 @@
+"""Stage 3: kept lines become events: one traceback per rank, Xids, NCCL, exits, NaN, stalls."""
+
+from __future__ import annotations
+
+from logdx.compress import Compressor
+from logdx.detect import Detector
+from logdx.normalize import Normalizer
+
+
+def _events(lines):
+    n, c, d = Normalizer(), Compressor(), Detector()
+    events = []
+    for line in lines:
+        for kept in c.add(n.normalize(line)):
+            events.extend(d.feed(kept))
+    for kept in c.flush_tails():
+        events.extend(d.feed(kept))
+    events.extend(d.finish(c.summary(), c.last_progress))
+    return events
+
+
+TB = [
+    "Traceback (most recent call last):",
+    '  File "/workspace/train.py", line 88, in <module>',
+    "    main()",
+    '  File "/opt/conda/lib/python3.10/site-packages/torch/nn/modules/module.py", line 1130, in __getattr__',
+    "    raise AttributeError(",
+    "AttributeError: 'DistributedDataParallel' object has no attribute 'generate'",
+]
+
+
+def test_interleaved_tracebacks_become_one_event_per_rank():
+    lines = []
+    for step in TB:
+        lines += [f"[rank{r}]: {step}" for r in range(8)]
+    tbs = [e for e in _events(lines) if e.kind == "traceback"]
+    assert len(tbs) == 8
+    for ev in tbs:
+        assert ev.exception_type == "AttributeError"
+        assert "no attribute 'generate'" in ev.exception_message
+        assert [f.function for f in ev.frames] == ["<module>", "__getattr__"]
+        assert ev.frames[0].code == "main()"
+        assert ev.anchor.text == TB[-1]
+        assert {r.rank for r in ev.lines} == {ev.anchor.rank}
+
+
+def test_multiline_exception_message_is_joined():
+    lines = TB[:-1] + ["AssertionError: Check batch related parameters. train_batch_size is not",
+                       "equal to micro_batch_per_gpu * gradient_acc_step * world_size 64 != 4 *", "8 * 1"]
+    (ev,) = [e for e in _events(lines) if e.kind == "traceback"]
+    assert ev.exception_type == "AssertionError"
+    assert ev.exception_message.endswith("64 != 4 * 8 * 1")
+    assert ev.anchor.line_no == 6
+
+
+def test_rich_traceback_frames_are_parsed():
+    lines = ["╭───── Traceback (most recent call last) ─────╮",
+             "│ /opt/conda/lib/python3.7/site-packages/deepspeed/runtime/config.py: │",
+             "│ 891 in _batch_assertion                                     │",
+             "╰─────────────────────────────────────────────╯",
+             "AssertionError: Check batch related parameters."]
+    (ev,) = [e for e in _events(lines) if e.kind == "traceback"]
+    assert ev.frames[0].path.endswith("deepspeed/runtime/config.py")
+    assert (ev.frames[0].line, ev.frames[0].function) == (891, "_batch_assertion")
+
+
+def test_dotted_exception_types():
+    lines = ['Traceback (most recent call last):', '  File "/w/t.py", line 1, in <module>',
+             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."]
+    (ev,) = [e for e in _events(lines) if e.kind == "traceback"]
+    assert ev.exception_type == "torch.OutOfMemoryError"
+
+
+def test_line_events_classify_xid_nccl_exit_and_child_failed():
+    lines = [
+        "[Wed May  1 12:00:05 2024] NVRM: Xid (PCI:0000:8a:00): 79, pid=1911, GPU has fallen off the bus.",
+        "node-2:123:456 [3] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<45> with status=12",
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 3 (pid: 77)",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+    ]
+    kinds = {e.kind: e for e in _events(lines)}
+    assert kinds["xid"].attrs["xid"] == 79 and kinds["xid"].gpu == "0000:8a:00"
+    assert kinds["nccl"].anchor.host == "node-2"
+    assert kinds["signal_exit"].attrs["exitcode"] == -9
+    assert "child_failed" in kinds
+
+
+def test_nan_loss_becomes_an_event():
+    lines = [f"[rank0]: iteration {i} | loss {2.0 - i / 1000:.3f}" for i in range(50)] + ["[rank0]: iteration 50 | loss nan"]
+    evs = [e for e in _events(lines) if e.kind == "loss_nan"]
+    assert evs and evs[0].anchor.line_no == 51
+
+
+def test_stall_is_detected_from_timestamps():
+    lines = [f"2024-05-01 12:{i // 60:02d}:{i % 60:02d},000 INFO iteration {i} | loss 2.0" for i in range(0, 600, 2)]
+    lines.append("2024-05-01 13:30:00,000 INFO heartbeat from watchdog")
+    (stall,) = [e for e in _events(lines) if e.kind == "stall"]
+    assert stall.attrs["stalled_s"] > 3000
+    assert "iteration 598" in stall.anchor.text
+
+
+def test_healthy_progress_makes_no_events():
+    lines = [f"2024-05-01 12:00:{i % 60:02d},000 INFO iteration {i} | loss 2.0" for i in range(200)]
+    assert _events(lines) == []
