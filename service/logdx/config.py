@@ -71,6 +71,39 @@ class ServerSettings(_Section):
     public_url: str = ""
 
 
+class SlackDestination(_Section):
+    webhook_url: str
+
+
+class WebhookDestination(_Section):
+    url: str
+    secret: str = Field("", description="Standard Webhooks secret (whsec_... base64) used to sign")
+
+
+class AlertsSettings(_Section):
+    slack: list[SlackDestination] = Field(default_factory=list)
+    webhooks: list[WebhookDestination] = Field(default_factory=list)
+    max_attempts: int = Field(8, ge=1)
+    backoff_initial_s: float = Field(1.0, gt=0)
+    backoff_max_s: float = Field(300.0, gt=0)
+    timeout_s: float = Field(10.0, gt=0)
+    min_confidence: float = Field(0.0, ge=0, le=1)
+
+
+class ActionsSettings(_Section):
+    dry_run: bool = True
+    actuator: Literal["none", "kubernetes", "slurm"] = "none"
+    kube_taint: bool = False
+    kube_api: str = Field("", description="API server URL; empty: in-cluster or ~/.kube/config")
+    kube_token: str = ""
+    scontrol: str = "scontrol"
+    restart_command: str = ""
+    restart_webhook: str = ""
+    max_cordons: int = Field(2, ge=0, description="at most this many nodes cordoned per window")
+    window_s: float = Field(3600.0, gt=0)
+    min_confidence: float = Field(0.8, ge=0, le=1)
+
+
 class Settings(_Section):
     input: InputSettings = Field(default_factory=InputSettings)
     compress: CompressSettings = Field(default_factory=CompressSettings)
@@ -80,6 +113,8 @@ class Settings(_Section):
     llm: LLMSettings = Field(default_factory=LLMSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
+    alerts: AlertsSettings = Field(default_factory=AlertsSettings)
+    actions: ActionsSettings = Field(default_factory=ActionsSettings)
 
 
 class ConfigError(Exception):

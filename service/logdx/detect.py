@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from logdx.model import CompressionSummary, Event, Frame, KeptLine, Record
-from logdx.patterns import TRACEBACK_START, is_traceback_body
+from logdx.patterns import TRACEBACK_START, is_traceback_body, strip_traceback_prefix, traceback_prefix
 
 _FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>\S+))?')
 _RICH_PATH = re.compile(r"(?P<path>(?:[A-Za-z]:)?[/\\~][^\s│:]*\.py):(?P<line>\d+)?(?: in (?P<func>[\w<>]+))?")
@@ -41,6 +41,7 @@ class _OpenTraceback:
     pending_path: str | None = None  # rich tracebacks split "path.py:" and "123 in func" over lines
     closed: bool = False
     continuation_left: int = 0
+    prefix: str = ""  # what the logger writes before each traceback line
 
 
 @dataclass
@@ -89,7 +90,7 @@ class Detector:
         tb = self._open.get(key)
         if TRACEBACK_START in text:
             if tb is None or tb.closed:
-                tb = _OpenTraceback(event=Event(kind="traceback", anchor=rec, lines=[rec]))
+                tb = _OpenTraceback(event=Event(kind="traceback", anchor=rec, lines=[rec]), prefix=traceback_prefix(text))
                 self._open[key] = tb
                 # An exception printed with a traceback as its message ("IndexError: Traceback...").
                 m = _EXCEPTION.match(text.strip())
@@ -101,13 +102,14 @@ class Detector:
         if tb is None:
             # A stray exception or continuation without a header we saw: stand-alone line event.
             return self._count([self._line_event(rec)]) if _EXCEPTION.match(text.strip()) else []
+        text = strip_traceback_prefix(text, tb.prefix)
         if tb.closed:
-            return self._continue_message(key, tb, rec)
+            return self._continue_message(key, tb, rec, text)
         tb.event.lines.append(rec)
         if is_traceback_body(text):
             self._add_frame(tb, text)
             return []
-        return self._close_with_exception(tb, rec)
+        return self._close_with_exception(tb, rec, text)
 
     def _add_frame(self, tb: _OpenTraceback, text: str) -> None:
         frames = tb.event.frames
@@ -133,10 +135,10 @@ class Detector:
         if frames and frames[-1].code is None and stripped and not stripped.startswith(("^", "~")):
             frames[-1].code = stripped
 
-    def _close_with_exception(self, tb: _OpenTraceback, rec: Record) -> list[Event]:
+    def _close_with_exception(self, tb: _OpenTraceback, rec: Record, text: str) -> list[Event]:
         ev = tb.event
         tb.closed = True
-        m = _EXCEPTION.match(rec.text.strip())
+        m = _EXCEPTION.match(text.strip())
         if m:
             ev.exception_type = m.group("type")
             ev.exception_message = (m.group("msg") or "").strip()
@@ -148,9 +150,9 @@ class Detector:
             ev.lines.pop()
         return self._count([ev])
 
-    def _continue_message(self, key: str, tb: _OpenTraceback, rec: Record) -> list[Event]:
+    def _continue_message(self, key: str, tb: _OpenTraceback, rec: Record, text: str) -> list[Event]:
         ev = tb.event
-        text = rec.text.strip()
+        text = text.strip()
         looks_like_record = (not text) or text.startswith("[") or bool(_EXCEPTION.match(text))
         if tb.continuation_left > 0 and ev.exception_type and not looks_like_record:
             tb.continuation_left -= 1

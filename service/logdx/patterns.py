@@ -8,14 +8,19 @@ import re
 # One pass, one replacement: the alternation is ordered from the most to the least specific.
 MASK = re.compile(
     r"""
-    [0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}   # uuid
-  | (?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?::\d+|<\d+>)?(?![\w.])                   # ipv4[:port]
-  | (?<![\w.])(?:[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?|[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])(?!\w)  # PCI
-  | \b0x[0-9a-fA-F]+\b                                                       # hex literal
-  | (?<![\w/.~-])~?(?:/[\w.@+=,-]+){2,}/?                                     # absolute path
-  | (?<![A-Za-z_])[-+]?\d+(?:[.,:]\d+)*(?:[eE][-+]?\d+)?
-        (?:ms|us|ns|s|sec|min|h|GiB|MiB|KiB|GB|MB|KB|B|%)?(?![A-Za-z_])      # number, duration, size
-  | \b[0-9a-fA-F]{12,}\b                                                     # long hex id
+    # Only at the start of a token that can begin a variable: most positions fail here at once.
+    (?<![\w.])(?=[0-9a-fA-F/~+-])
+    (?:
+        [0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}      # uuid
+      | \d{1,3}(?:\.\d{1,3}){3}(?::\d+|<\d+>)?(?![\w.])                               # ipv4[:port]
+      | (?:[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?
+           |[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])(?!\w)                                 # PCI bus id
+      | 0x[0-9a-fA-F]+\b                                                               # hex literal
+      | ~?(?:/[\w.@+=,-]+){2,}/?                                                        # path
+      | [-+]?\d+(?:[.,:]\d+)*(?:[eE][-+]?\d+)?
+          (?:ms|us|ns|s|sec|min|h|GiB|MiB|KiB|GB|MB|KB|B|%)?(?![A-Za-z_])               # number, duration, size
+      | [0-9a-fA-F]{12,}\b                                                              # long hex id
+    )
     """,
     re.VERBOSE,
 )
@@ -35,3 +40,26 @@ def is_traceback_body(text: str) -> bool:
     if not text or text[0].isspace() or text[0] in "│╭╰┃┏┗|":
         return True
     return text.startswith(_BODY_PREFIXES)
+
+
+def traceback_prefix(text: str) -> str:
+    """What a logger put before "Traceback (most recent call last)" on its line ("" if nothing).
+
+    Loggers that prefix every line (`[job/task (pid 42)] [uuid] ...`) prefix every line of the
+    traceback too; the frames are read after that prefix. "IndexError: Traceback ..." is a message,
+    not a prefix, and the lines after it do not repeat it.
+    """
+    at = text.find(TRACEBACK_START)
+    return text[:at] if at > 0 else ""
+
+
+def strip_traceback_prefix(text: str, prefix: str) -> str:
+    if not prefix:
+        return text
+    if text.startswith(prefix):
+        return text[len(prefix):]
+    n = len(prefix)
+    # Same column, different numbers (a timestamp that moved on): same shape counts as the prefix.
+    if len(text) > n and mask(text[:n]) == mask(prefix):
+        return text[n:]
+    return text
