@@ -102,3 +102,19 @@ def test_stall_is_detected_from_timestamps():
 def test_healthy_progress_makes_no_events():
     lines = [f"2024-05-01 12:00:{i % 60:02d},000 INFO iteration {i} | loss 2.0" for i in range(200)]
     assert _events(lines) == []
+
+
+def test_logger_prefix_on_every_traceback_line_is_seen_through():
+    p = "2023-04-29 06:01:12.977 [177/train/578 (pid 28936)] [09c561ee] "
+    lines = [p + "Traceback (most recent call last):", p + '  File "/opt/lib/site-packages/torch/serialization.py", line 379, in save',
+             p + "    _save(obj)", p + "OSError: [Errno 28] No space left on device"]
+    (ev,) = [e for e in _events(lines) if e.kind == "traceback"]
+    assert ev.exception_type == "OSError" and ev.anchor.line_no == 4
+    assert ev.frames[0].function == "save"
+
+
+def test_exception_whose_message_is_a_traceback():
+    lines = ["IndexError: Traceback (most recent call last):", '  File "/w/dataset.py", line 46, in __getitem__',
+             "    x = self.items[idx]", "IndexError: list index out of range"]
+    (ev,) = [e for e in _events(lines) if e.kind == "traceback"]
+    assert ev.exception_type == "IndexError" and ev.anchor.line_no == 4

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from drain3.drain import Drain
@@ -79,6 +80,9 @@ class _SourceState:
 @dataclass
 class Compressor:
     config: CompressConfig = field(default_factory=CompressConfig)
+    # Whatever else makes a line worth keeping (the rule packs' own patterns, so a site's rule
+    # about a line without any error word still sees it). Asked once per shape, on its first line.
+    also_error: Callable[[str], bool] | None = None
 
     def __post_init__(self) -> None:
         c = self.config
@@ -109,7 +113,7 @@ class Compressor:
         key = rec.text.encode("utf-8", "surrogatepass").translate(None, _DIGITS)
         shape = self._shapes.get(key)
         if shape is None:
-            shape = self._new_shape(key, MASK.sub(PARAM, rec.text))
+            shape = self._new_shape(key, MASK.sub(PARAM, rec.text), rec.text)
         stats = self._stats[shape.template_id]
         stats.count += 1
         stats.last_line = rec.line_no
@@ -122,13 +126,13 @@ class Compressor:
             return []
         return [self._keep(rec, stats, reason)]
 
-    def _new_shape(self, key: bytes, masked: str) -> _Shape:
+    def _new_shape(self, key: bytes, masked: str, text: str) -> _Shape:
         if len(self._shapes) >= self.config.mask_cache_size:
             self._shapes.clear()
         template_id = self._template_for(masked)
         shape = _Shape(
             template_id=template_id,
-            error=bool(_ERROR_WORDS.search(masked)),
+            error=bool(_ERROR_WORDS.search(masked)) or (self.also_error is not None and self.also_error(text)),
             progress=bool(_PROGRESS_WORDS.search(masked)),
         )
         if shape.error:

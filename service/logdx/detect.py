@@ -26,6 +26,7 @@ _PCI = re.compile(r"\b(?P<pci>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2
 _EXITCODE = re.compile(r"exitcode\s*:\s*(?P<code>-?\d+)|Signal (?P<sig>\d+) \((?P<name>SIG\w+)\)")
 _LOSS = re.compile(r"\bloss\b[\s\w/]{0,20}?[\s:=|]+\s*(?P<v>nan|-?inf|[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.I)
 _CONTINUATION_LINES = 3
+_BOX = ("│", "┃", "╭", "╰", "┏", "┗")
 
 
 @dataclass(slots=True)
@@ -62,7 +63,8 @@ class Detector:
         open_tb = self._open.get(key)
         if open_tb is not None and open_tb.closed:
             del self._open[key]
-        if kept.reason == "error":
+        if kept.reason == "error" and not rec.text.startswith(_BOX):
+            # A box-drawn line is source code quoted by a rich traceback, not something that happened.
             out.append(self._line_event(rec))
         elif kept.reason == "loss":
             out.append(self._loss_event(rec))

@@ -42,6 +42,9 @@ def is_traceback_body(text: str) -> bool:
     return text.startswith(_BODY_PREFIXES)
 
 
+_MESSAGE_LABEL = re.compile(r"\s*[A-Za-z_][\w.]*:\s*$")  # "IndexError: ", "ERROR:root:" - part of the message
+
+
 def traceback_prefix(text: str) -> str:
     """What a logger put before "Traceback (most recent call last)" on its line ("" if nothing).
 
@@ -50,7 +53,10 @@ def traceback_prefix(text: str) -> str:
     not a prefix, and the lines after it do not repeat it.
     """
     at = text.find(TRACEBACK_START)
-    return text[:at] if at > 0 else ""
+    if at <= 0:
+        return ""
+    prefix = text[:at]
+    return "" if _MESSAGE_LABEL.match(prefix) else prefix
 
 
 def strip_traceback_prefix(text: str, prefix: str) -> str:

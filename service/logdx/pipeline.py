@@ -60,7 +60,8 @@ class Session:
                 max_kept_lines=s.compress.max_kept_lines,
                 kept_per_error_template=s.compress.kept_per_error_template,
                 tail_lines_per_source=s.compress.tail_lines_per_source,
-            )
+            ),
+            also_error=self.engine.rules.could_match,
         )
         self.detector = Detector(DetectConfig(stall_factor=s.detect.stall_factor, stall_min_s=s.detect.stall_min_s))
         self.events: list[Event] = []

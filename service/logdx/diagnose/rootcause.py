@@ -32,6 +32,7 @@ from logdx.patterns import mask
 _SEQNUM = re.compile(r"SeqNum=(\d+)")
 # A rank that kept making progress this long after an error was not killed by it.
 _NON_FATAL_AFTER_S = 300.0
+_NON_FATAL_AFTER_LINES = 20_000
 
 
 @dataclass(slots=True)
@@ -151,19 +152,16 @@ def _choose(findings: list[Finding], summary: CompressionSummary) -> tuple[Findi
 
 
 def _kept_training_after(event: Event, summary: CompressionSummary) -> bool:
+    """The process that raised this went on training for long afterwards: it was not fatal."""
     anchor = event.anchor
     key = anchor.source_key
     last = summary.last_progress_line.get(key)
     if last is None or last <= event.line_no:
         return False
-    if key != "-":
-        return True
-    # Lines without a rank prefix may come from any process: only a long run of progress counts.
-    return (
-        anchor.ts is not None
-        and summary.last_progress_ts is not None
-        and summary.last_progress_ts - anchor.ts > _NON_FATAL_AFTER_S
-    )
+    if anchor.ts is not None and summary.last_progress_ts is not None:
+        return summary.last_progress_ts - anchor.ts > _NON_FATAL_AFTER_S
+    # Without timestamps only a long run of progress from the same process counts.
+    return key != "-" and last - event.line_no > _NON_FATAL_AFTER_LINES
 
 
 # -- culprits ----------------------------------------------------------------------------------------

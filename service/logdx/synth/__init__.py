@@ -1,0 +1,69 @@
+"""Realistic, deterministic logs of failing (and healthy) multi-rank training jobs, with ground truth.
+
+    from logdx.synth import generate, SCENARIOS
+    with open("job.log", "w") as out:
+        truth = generate(out, scenario="xid79", seed=1, ranks=64, lines=2_000_000)
+
+or ``python -m logdx.synth --scenario xid79 --ranks 64 --lines 2000000 --seed 1 -o job.log --truth t.json``.
+
+What a log contains
+    launcher start-up (torchrun / srun / DeepSpeed-over-pdsh), the framework's banner and config
+    dump (Megatron, DeepSpeed+HF Trainer, a torchtitan-style FSDP loop, Lightning, or a plain
+    torchrun loop), NCCL INFO init lines of every rank, per-rank progress lines, periodic
+    checkpoints and evaluations, harmless noise (deprecation warnings, "0 errors", "error_if_nonfinite
+    =False", a recovered wandb ReadTimeout...), then the failure and its cascade: NCCL watchdog
+    timeouts, SIGTERMs, ChildFailedError boxes, srun/slurmstepd/pdsh messages. Lines of different
+    ranks interleave (tracebacks printed by 64 ranks at once are mixed line by line); each rank's
+    timestamps are monotone, with clock skew across ranks.
+
+Knobs
+    ``seed`` fixes everything: the same arguments give the same bytes. ``style`` is the prefix
+    style (see ``styles.py``), ``flavour`` the framework ("auto": chosen from the seed; DeepSpeed
+    for pdsh). ``lines`` is the length of the log the run would have written had it not failed:
+    a failure strikes at ``fail_at * lines`` and the log ends with its cascade (a few thousand
+    lines at most), so a failed log has about ``fail_at * lines`` lines; healthy logs have about
+    ``lines``. Start-up failures (import/syntax errors) ignore ``lines``: nothing else gets
+    printed. ``noise`` scales the rate of harmless warnings (0 = none).
+
+Ground truth (``Truth``) conventions
+    * ``root_line_no`` / ``root_line``: the first line in the file that shows the root cause (1-based;
+      the line exactly as written, prefixes included). For a chained traceback, the first exception
+      line; for NaN loss, the first progress line whose loss is NaN; for ``nccl_hang`` (symptoms
+      only), the first "Watchdog caught collective operation timeout" line; for ``stall``, the last
+      progress line before the silence; for ``node_lost``, srun's "Node failure on HOST" (or pdsh's
+      "ssh exited with exit code 255" when launched by pdsh) even though symptoms come earlier.
+    * culprits are where the root line came from: ``culprit_ranks`` the ranks that raised/failed
+      (all ranks of the lost host for ``node_lost``; the silent rank for ``nccl_hang``), ``culprit_hosts``
+      their hosts, ``culprit_gpus`` the PCI bus ids the failure lines print ("0000:8a:00", as in an
+      Xid; empty when none is printed). When every rank fails the same way (start-up script errors,
+      NaN, a library bug on all ranks) nobody is singled out: all lists are empty.
+    * ``stall`` is labelled category ``unknown``, failure_type ``unknown``, action ``restart``: the
+      log shows a hang but no cause; a hang without an error is most often transient infrastructure
+      and restarting from the last checkpoint is the cheap, safe response, but nothing proves it.
+    * ``disk_full`` and ``s3_timeout`` are infrastructure with action ``restart`` (as in the labelled
+      dev set); ``host_oom`` and ``dataloader_killed`` are framework/``no_restart`` (a config change
+      is needed); ``ecc`` / ``xid79`` / ``nvlink`` are ``cordon_and_restart``.
+
+Layout (to extend it)
+    ``scenarios.py`` one function per scenario plus ``REGISTRY`` (its label); ``cascade.py`` the
+    symptoms every failure shares (watchdog timeouts, launcher reactions); ``flavours.py`` what each
+    framework prints and its code paths for tracebacks; ``training.py`` the healthy part of a log;
+    ``styles.py`` prefixes and launchers; ``sink.py`` streaming output and time-ordered bursts;
+    ``generate.py`` the public ``generate`` and ``Truth``. A new scenario is a function
+    ``(job) -> Culprits`` that emits its root line with ``root=True`` and a ``REGISTRY`` entry.
+
+Realism notes for consumers
+    Megatron runs use NGC paths (``/usr/local/lib/python3.10/dist-packages``), not site-packages.
+    torch 2.2-era and 2.4-era formats both occur (C++ lines with or without stamps, elastic agent
+    lines as ``[2024-..] torch.distributed...: [WARNING]`` or ``W0501 12:00:03.123000 pid file:line]``).
+    torchrun's "Root Cause (first observed failure)" box names the first failure *on its node*,
+    usually a symptom. Plain ``pdsh`` style carries no rank in the prefix. FSDP logs may carry ANSI
+    colour codes. Kernel lines always name their host (syslog or ``host: [dmesg -T]`` form).
+"""
+
+from __future__ import annotations
+
+from logdx.synth.cli import main
+from logdx.synth.generate import SCENARIOS, Truth, generate
+
+__all__ = ["SCENARIOS", "Truth", "generate", "main"]

@@ -1,0 +1,152 @@
+"""The CLI as a user runs it: a real subprocess, real files, real exit codes."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ENV = {**os.environ, "LOGDX_LLM__ENABLED": "false", "LOGDX_RETRIEVAL__ENABLED": "false", "NO_COLOR": "1"}
+REPORT_KEYS = {"status", "category", "failure_type", "action", "confidence", "culprits", "root_cause", "evidence",
+               "explanation", "hint", "compression", "timings_ms"}
+
+
+def run(*args: str, stdin: bytes | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "logdx.cli", *args], input=stdin, capture_output=True,
+                          env=env or ENV, timeout=300)
+
+
+def diagnose(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    code = "import sys; from logdx.cli import diagnose_main; sys.exit(diagnose_main())"
+    return subprocess.run([sys.executable, "-c", code, *args], input=stdin, capture_output=True, env=ENV, timeout=300)
+
+
+ECC_LOG = "\n".join(
+    [f"[default{r % 8}]:[rank{r}]: iteration 100/1000 | loss 2.31 | lr 1.0E-04" for r in range(16)]
+    + ["[default3]:[rank11]: RuntimeError: CUDA error: uncorrectable ECC error encountered"]
+    + [f"[default{r % 8}]:[rank{r}]: [E501 12:00:00.1 ProcessGroupNCCL.cpp:1515] [PG 0 Rank {r}] Watchdog caught "
+       f"collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600012 milliseconds before timing out."
+       for r in range(16) if r != 11]
+) + "\n"
+
+
+@pytest.fixture
+def ecc_log(tmp_path: Path) -> Path:
+    p = tmp_path / "job.log"
+    p.write_text(ECC_LOG)
+    return p
+
+
+def test_json_report_has_the_design_shape(ecc_log):
+    out = diagnose(str(ecc_log), "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert REPORT_KEYS <= set(report)
+    assert (report["status"], report["category"], report["failure_type"]) == ("failed", "infrastructure", "ecc_error")
+    assert report["action"] == "cordon_and_restart"
+    assert report["culprits"]["ranks"] == [11]
+    assert report["root_cause"]["line_no"] == 17 and report["root_cause"]["rank"] == 11
+    assert report["compression"]["lines_in"] == 32
+
+
+def test_human_report_names_root_line_action_and_culprit(ecc_log):
+    out = diagnose(str(ecc_log))
+    assert out.returncode == 0
+    text = out.stdout.decode()
+    assert "ecc_error" in text and "CORDON" in text and "rank 11" in text and "17:" in text
+    assert "\x1b[" not in text  # no colour when not a TTY
+
+
+def test_color_can_be_forced(ecc_log):
+    assert "\x1b[" in diagnose(str(ecc_log), "--color").stdout.decode()
+
+
+def test_stdin_and_gzip_inputs(ecc_log, tmp_path):
+    from_stdin = json.loads(diagnose("-", "--json", stdin=ECC_LOG.encode()).stdout)
+    gz = tmp_path / "job.log.gz"
+    gz.write_bytes(gzip.compress(ECC_LOG.encode()))
+    from_gz = json.loads(diagnose(str(gz), "--json").stdout)
+    assert from_stdin["failure_type"] == from_gz["failure_type"] == "ecc_error"
+    assert from_stdin["root_cause"] == from_gz["root_cause"]
+
+
+def test_umbrella_command_and_subcommand_help():
+    assert run("diagnose", "--help").returncode == 0
+    assert run("--version").stdout.decode().startswith("logdx ")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["/nonexistent/job.log"], "no such file"),
+        (["--bogus-flag", "x.log"], "unrecognized arguments"),
+        ([], "required"),
+        (["--rules", "/nonexistent-dir", "x.log"], "not a directory"),
+    ],
+)
+def test_bad_usage_exits_2_with_one_line(args, message):
+    out = diagnose(*args)
+    assert out.returncode == 2
+    err = out.stderr.decode().strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert "Traceback" not in err
+
+
+def test_directory_input_is_a_usage_error(tmp_path):
+    out = diagnose(str(tmp_path))
+    assert out.returncode == 2 and "directory" in out.stderr.decode()
+
+
+def test_binary_garbage_is_diagnosed_not_crashed(tmp_path):
+    p = tmp_path / "garbage.log"
+    p.write_bytes(os.urandom(200_000) + b"\x00\x00\r\r\n" * 100)
+    out = diagnose(str(p), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["status"] in ("healthy", "failed")
+
+
+def test_empty_log_is_healthy(tmp_path):
+    p = tmp_path / "empty.log"
+    p.write_bytes(b"")
+    report = json.loads(diagnose(str(p), "--json").stdout)
+    assert report["status"] == "healthy" and report["action"] == "none" and report["category"] is None
+
+
+def test_bad_rule_pack_is_reported_with_file_and_line(tmp_path, ecc_log):
+    pack = tmp_path / "rules"
+    pack.mkdir()
+    (pack / "mine.yaml").write_text(
+        "pack: mine\nrules:\n  - id: my-rule\n    title: t\n    role: root_cause\n    category: infrastructure\n"
+        "    failure_type: gpu_lost\n    confidence: 0.9\n    match:\n      patterns: ['x']\n"
+    )
+    out = diagnose(str(ecc_log), "--rules", str(pack))
+    err = out.stderr.decode()
+    assert out.returncode == 2
+    assert "mine.yaml:" in err and "my-rule" in err and "gpu_lost" in err
+
+
+def test_extra_rule_pack_is_used(tmp_path):
+    pack = tmp_path / "rules"
+    pack.mkdir()
+    (pack / "site.yaml").write_text(
+        "pack: site\nrules:\n  - id: site-fabric-manager-down\n    title: Fabric manager down\n    role: root_cause\n"
+        "    category: infrastructure\n    failure_type: nvlink_error\n    action: cordon_and_restart\n"
+        "    severity: critical\n    confidence: 0.9\n    match:\n      patterns: ['fabricmanager.*(?:exited|failed)']\n"
+        "    hint: restart nvidia-fabricmanager\n    examples: ['nvidia-fabricmanager.service failed with result exit-code']\n"
+    )
+    log = tmp_path / "job.log"
+    log.write_text("node-1: iteration 1 | loss 2.0\nnode-1: nvidia-fabricmanager.service: Main process exited, code=exited\n")
+    report = json.loads(diagnose(str(log), "--json", "--rules", str(pack)).stdout)
+    assert report["failure_type"] == "nvlink_error"
+    assert report["evidence"][0]["source"] == "rule:site-fabric-manager-down"
+
+
+def test_rules_test_command_checks_every_example():
+    out = run("rules", "test")
+    assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
+    assert "rules in" in out.stdout.decode()
