@@ -37,7 +37,7 @@ EXPECTED_LABELS = {
     "ecc": ("infrastructure", "ecc_error", "cordon_and_restart"),
     "nvlink": ("infrastructure", "nvlink_error", "cordon_and_restart"),
     "ib_error": ("infrastructure", "network_error", "restart"),
-    "node_lost": ("infrastructure", "node_failure", "restart"),
+    "node_lost": ("infrastructure", "node_failure", "cordon_and_restart"),
     "nccl_hang": ("infrastructure", "nccl_timeout", "restart"),
     "s3_timeout": ("infrastructure", "storage_error", "restart"),
     "disk_full": ("infrastructure", "disk_full", "restart"),

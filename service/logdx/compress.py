@@ -20,13 +20,21 @@ from dataclasses import dataclass, field
 from drain3.drain import Drain
 
 from logdx.model import CompressionSummary, KeptLine, Record, TemplateStats
-from logdx.patterns import MASK, PARAM, TRACEBACK_START, is_traceback_body, strip_traceback_prefix, traceback_prefix
+from logdx.patterns import (
+    MASK,
+    PARAM,
+    TRACEBACK_START,
+    is_traceback_body,
+    pci_key,
+    strip_traceback_prefix,
+    traceback_prefix,
+)
 
 
 # Words that make a line worth keeping whole. Judged on the masked line, once per distinct line.
 _ERROR_WORDS = re.compile(
     r"error|exception|traceback|fail|fatal|abort|kill|sigterm|sigkill|sigabrt|sigsegv|sigbus|"
-    r"segmentation|signal|exitcode|exit code|exit status|xid|nvrm|ecc|\bnan\b|\binf\b|timeout|"
+    r"segmentation|signal|exitcode|exit code|exit status|xid|nvrm|ecc|timeout|"
     r"timed out|out of memory|oom|warn|refused|reset by peer|broken pipe|unreachable|no space|"
     r"denied|not found|no such|cannot|can't|unable|invalid|mismatch|corrupt|panic|critical|"
     r"assert|unexpected|lost|terminat|cancel|preempt|stale|hang|stuck|illegal|uncorrectable|"
@@ -36,9 +44,11 @@ _ERROR_WORDS = re.compile(
     re.IGNORECASE,
 )
 _DIGITS = b"0123456789"
+# NCCL's communicator init line ties a rank to its host, process, CUDA device and PCI bus.
+_NCCL_COMM = re.compile(r"NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nr?[Rr]anks \d+ cudaDev (\d+)(?: nvmlDev \d+)? busId ([0-9a-fA-F]+)")
 _PROGRESS_WORDS = re.compile(r"\b(?:iter(?:ation)?|step|epoch|loss|it/s|samples/s|tokens/s)\b", re.IGNORECASE)
 # Matched at the position of the word "loss": "loss 2.31", "lm loss: 2.3E+00", "loss=nan".
-_LOSS_VALUE = re.compile(r"loss\b[\s:=|]+(nan|-?inf|[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.IGNORECASE)
+_LOSS_VALUE = re.compile(r"loss\b['\"]?[\s:=|]+(nan|-?inf|[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.IGNORECASE)
 
 @dataclass(slots=True)
 class CompressConfig:
@@ -63,6 +73,7 @@ class _Shape:
     template_id: int
     error: bool
     progress: bool
+    topology: bool = False  # an NCCL init line: which rank drives which GPU
 
 
 @dataclass(slots=True)
@@ -96,10 +107,12 @@ class Compressor:
         self._max_rank = -1
         self._hosts: set[str] = set()
         self._rank_hosts: dict[int, str] = {}
+        self._gpu_ranks: dict[str, int] = {}
         self._first_ts: float | None = None
         self._last_ts: float | None = None
         self._progress_lines = 0
         self._last_progress_line: dict[str, int] = {}
+        self._last_finite_loss_line: dict[str, int] = {}
         self._last_progress_ts: float | None = None
         self.last_progress: Record | None = None  # the last progress line itself: a stall's anchor
 
@@ -118,6 +131,8 @@ class Compressor:
         stats.count += 1
         stats.last_line = rec.line_no
         self._note_origin(rec, stats)
+        if shape.topology:
+            self._note_topology(rec)
         src = self._source(rec.source_key)
         loss_anomaly = shape.progress and self._note_progress(rec, src)
         reason = self._keep_reason(rec, shape, stats, src, loss_anomaly)
@@ -130,10 +145,14 @@ class Compressor:
         if len(self._shapes) >= self.config.mask_cache_size:
             self._shapes.clear()
         template_id = self._template_for(masked)
+        error = bool(_ERROR_WORDS.search(masked)) or (self.also_error is not None and self.also_error(text))
         shape = _Shape(
             template_id=template_id,
-            error=bool(_ERROR_WORDS.search(masked)) or (self.also_error is not None and self.also_error(text)),
-            progress=bool(_PROGRESS_WORDS.search(masked)),
+            error=error,
+            # "*** STEP 42 CANCELLED ***" names a step but is no progress. (NaN losses are found by
+            # value, not by word, so Megatron's "number of nan iterations: 0" stays progress.)
+            progress=not error and bool(_PROGRESS_WORDS.search(masked)),
+            topology="NCCL INFO comm" in masked and "busId" in masked,
         )
         if shape.error:
             self._stats[template_id].error_bearing = True
@@ -172,8 +191,21 @@ class Compressor:
         if rec.ts is not None:
             if self._first_ts is None:
                 self._first_ts = rec.ts
-            if self._last_ts is None or rec.ts > self._last_ts:
-                self._last_ts = rec.ts
+            # The time the log reached, by line order: a max would let one mis-dated line (a stamp
+            # without a year, an skewed host) stretch the log by months.
+            self._last_ts = rec.ts
+
+    def _note_topology(self, rec: Record) -> None:
+        m = _NCCL_COMM.search(rec.text)
+        if m is None or rec.host is None or len(self._gpu_ranks) > 3 * self.config.max_ids_per_template:
+            return
+        rank = int(m.group(1))
+        self._gpu_ranks[f"{rec.host}|dev:{m.group(2)}"] = rank
+        self._gpu_ranks[f"{rec.host}|bus:{pci_key(m.group(3))}"] = rank
+        if rec.pid is not None:
+            self._gpu_ranks[f"{rec.host}|pid:{rec.pid}"] = rank
+        self._rank_hosts.setdefault(rank, rec.host)
+        self._max_rank = max(self._max_rank, rank)
 
     def _source(self, key: str) -> _SourceState:
         src = self._sources.get(key)
@@ -252,6 +284,7 @@ class Compressor:
             return False
         if value != value or abs(value) == float("inf"):
             return True
+        self._last_finite_loss_line[rec.source_key] = rec.line_no
         if src.loss_ema is None:
             src.loss_ema, src.loss_seen = value, 1
             return False
@@ -302,8 +335,10 @@ class Compressor:
             progress_lines=self._progress_lines,
             last_progress_line=dict(self._last_progress_line),
             last_progress_ts=self._last_progress_ts,
+            last_finite_loss_line=dict(self._last_finite_loss_line),
             step_interval_s=intervals[len(intervals) // 2] if intervals else None,
             rank_hosts=dict(self._rank_hosts),
+            gpu_ranks=dict(self._gpu_ranks),
         )
 
 

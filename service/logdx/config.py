@@ -69,6 +69,15 @@ class ServerSettings(_Section):
     token: str = ""
     max_request_bytes: int = Field(512 * 1024 * 1024, ge=1024)
     public_url: str = ""
+    rate_limit_lines_per_s: float = Field(
+        100_000.0, ge=0, description="per job, sustained; 0 disables the limit (429 + Retry-After when exceeded)")
+    rate_limit_burst_lines: int = Field(2_000_000, ge=1, description="per job: lines accepted at once before limiting")
+    early_diagnosis_delay_s: float = Field(
+        2.0, ge=0, description="debounce: diagnose this long after a root-cause line arrives, before the job ends")
+    max_sessions: int = Field(256, ge=1, description="job sessions kept in memory; others are rebuilt from spool")
+    spool_dir: Path | None = Field(None, description="per-job line spools; default: <store.path>.spool/")
+    keep_spool: bool = Field(False, description="keep a job's spool after it ended (default: delete it)")
+    access_log: bool = False
 
 
 class SlackDestination(_Section):

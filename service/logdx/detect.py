@@ -22,9 +22,10 @@ _EXCEPTION = re.compile(
     r"|KeyboardInterrupt|SystemExit|StopIteration|AssertionError)(?::\s?(?P<msg>.*))?$"
 )
 _XID = re.compile(r"Xid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): (?P<code>\d+)")
+_XID_PID = re.compile(r"\bpid=(\d+)")
 _PCI = re.compile(r"\b(?P<pci>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\b")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(?P<code>-?\d+)|Signal (?P<sig>\d+) \((?P<name>SIG\w+)\)")
-_LOSS = re.compile(r"\bloss\b[\s\w/]{0,20}?[\s:=|]+\s*(?P<v>nan|-?inf|[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.I)
+_LOSS = re.compile(r"\bloss\b['\"]?[\s\w/]{0,20}?[\s:=|]+\s*(?P<v>nan|-?inf|[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.I)
 _CONTINUATION_LINES = 3
 _BOX = ("│", "┃", "╭", "╰", "┏", "┗")
 
@@ -177,6 +178,9 @@ class Detector:
                 ev.kind = "xid"
                 ev.gpu = m.group("pci")
                 ev.attrs["xid"] = int(m.group("code"))
+                pid = _XID_PID.search(text)
+                if pid:
+                    ev.attrs["pid"] = int(pid.group(1))
         elif "NCCL" in text and ("WARN" in text or "ERROR" in text):
             ev.kind = "nccl"
         elif "ChildFailedError" in text:

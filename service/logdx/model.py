@@ -67,6 +67,7 @@ class Record:
     ts: float | None = None  # epoch seconds, when the line carried a timestamp
     stream: str | None = None  # "stdout" | "stderr" when known
     truncated: bool = False
+    pid: int | None = None  # the writing process, when a prefix names it (NCCL's host:pid:tid)
 
     @property
     def source_key(self) -> str:
@@ -120,8 +121,12 @@ class CompressionSummary:
     progress_lines: int = 0
     last_progress_line: dict[str, int] = field(default_factory=dict)  # per source_key
     last_progress_ts: float | None = None
+    last_finite_loss_line: dict[str, int] = field(default_factory=dict)  # per source_key
     step_interval_s: float | None = None  # typical time between progress lines of one source
     rank_hosts: dict[int, str] = field(default_factory=dict)  # which host each rank ran on, when seen
+    # Which rank drove which GPU, from NCCL's init lines: keys "host|bus:<busId>", "host|pid:<pid>",
+    # "host|dev:<cuda device>". How a kernel Xid (host, PCI address, pid) is traced to a rank.
+    gpu_ranks: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -41,6 +41,8 @@ _HOST_PREFIX = re.compile(r"([a-z][a-z0-9-]*\d[a-z0-9.-]*|localhost): ")
 _NCCL = re.compile(r"([\w.-]+):(\d+):(\d+) \[(\d+)\] ")
 _SHELL_PROMPT = re.compile(r"(?:\([\w.-]+\) )?[\w.-]+@([\w.-]+)[: ][^\n]{0,80}?[%$#] ")
 
+_MESSAGE_RANK = re.compile(r"\[(?:PG \d+ (?:\([^)]*\) )?)?Rank (\d+)\]")
+
 # --- timestamps ----------------------------------------------------------------------------------
 _ISO = re.compile(
     r"\[?(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)?\]?\s*"
@@ -129,6 +131,11 @@ class Normalizer:
         rec.text = text
         if rec.ts is None:
             rec.ts = self._inner_timestamp(text)
+        if rec.rank is None and "Rank " in text[:160]:
+            # c10d names the rank inside the message: "[PG 0 (default_pg) Rank 12] ..."
+            m = _MESSAGE_RANK.search(text, 0, 160)
+            if m:
+                rec.rank = int(m.group(1))
 
     def _peel_one(self, rec: Record, text: str) -> str:
         if not text:
@@ -204,6 +211,7 @@ class Normalizer:
         m = _NCCL.match(text)
         if m:
             rec.host = rec.host or m.group(1)
+            rec.pid = int(m.group(2))
             if rec.local_rank is None:
                 rec.local_rank = int(m.group(4))
             return text[m.end():]
@@ -227,7 +235,7 @@ class Normalizer:
 
     def _inner_timestamp(self, text: str) -> float | None:
         """A stamp inside the message (glog/c10 `[E817 17:40:34.22]`, logging `2024-...`)."""
-        head = text[:48]
+        head = text[:96]
         m = _ISO.search(head)
         if m:
             return _iso_ts(m)

@@ -69,3 +69,16 @@ def strip_traceback_prefix(text: str, prefix: str) -> str:
     if len(text) > n and mask(text[:n]) == mask(prefix):
         return text[n:]
     return text
+
+
+def pci_key(address: str) -> str:
+    """One spelling for a GPU's PCI address: "0000:47:00.0", "0000:47:00", "47:00.0" and NCCL's
+    busId "47000" all become "47000"."""
+    parts = re.split(r"[:.]", address.strip().lower())
+    if len(parts) == 1:
+        return parts[0].lstrip("0") or "0"
+    if len(parts) == 2 or (len(parts) == 3 and len(parts[0]) >= 4):
+        parts.append("0")  # no function number: function 0
+    if len(parts) == 4:
+        parts = parts[1:]  # drop the PCI domain
+    return "".join(parts).lstrip("0") or "0"

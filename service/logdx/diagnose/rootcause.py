@@ -27,12 +27,18 @@ from logdx.model import (
     StageVote,
     TemplateStats,
 )
-from logdx.patterns import mask
+from logdx.patterns import mask, pci_key
 
 _SEQNUM = re.compile(r"SeqNum=(\d+)")
 # A rank that kept making progress this long after an error was not killed by it.
 _NON_FATAL_AFTER_S = 300.0
 _NON_FATAL_AFTER_LINES = 20_000
+# How close after a lesser fault a graver one must come to be taken as its cause.
+_EXPLAIN_WINDOW_S = 900.0
+_EXPLAIN_WINDOW_LINES = 5_000
+_NEARBY_LINES = 20
+_WHOLE_NODE_FAILURES = frozenset({"node_failure"})  # every rank on the host went down with it
+_SEVERITY = {"critical": 0, "high": 1, "medium": 2, "low": 3}
 
 
 @dataclass(slots=True)
@@ -116,12 +122,10 @@ def _match_all(events: Sequence[Event], rules: RuleSet) -> tuple[list[Finding], 
 
 
 def _note_where(found: Finding, hit: RuleHit) -> None:
-    rank = _int_or_none(hit.groups.get("rank")) if hit.groups.get("rank") else hit.line.rank
-    host = hit.groups.get("host") or hit.line.host
-    if rank is not None:
-        found.ranks.add(rank)
-    if host:
-        found.hosts.add(host)
+    if hit.rank is not None:
+        found.ranks.add(hit.rank)
+    if hit.host:
+        found.hosts.add(hit.host)
 
 
 def _earlier(a: Event, b: Event) -> bool:
@@ -142,17 +146,57 @@ def _earliest(findings: list[Finding]) -> Finding:
 
 
 def _choose(findings: list[Finding], summary: CompressionSummary) -> tuple[Finding | None, Role | None]:
-    for role in (Role.ROOT_CAUSE, Role.FALLBACK, Role.SYMPTOM):
-        candidates = [f for f in findings if f.hit.role == role]
-        if not candidates:
-            continue
-        fatal = [f for f in candidates if not _kept_training_after(f.event, summary)]
-        return _earliest(fatal or candidates), role
+    roots = [f for f in findings if f.hit.role == Role.ROOT_CAUSE]
+    if roots:
+        fatal = [f for f in roots if not _kept_training_after(f.event, summary)] or roots
+        return _graver_explanation(_earliest(fatal), fatal), Role.ROOT_CAUSE
+    fallbacks = [f for f in findings if f.hit.role == Role.FALLBACK]
+    if fallbacks:
+        fatal = [f for f in fallbacks if not _kept_training_after(f.event, summary)] or fallbacks
+        return _earliest(fatal), Role.FALLBACK
+    symptoms = [f for f in findings if f.hit.role == Role.SYMPTOM]
+    if symptoms:
+        # The most telling symptom: a watchdog timeout says more than a stall, and a stall more than
+        # the SIGTERM or "step cancelled" that ended the hung job (rule confidences rank them).
+        best = max(symptoms, key=lambda f: (f.hit.confidence, f.event.kind != "stall"))
+        peers = [f for f in symptoms if f.hit.rule_id == best.hit.rule_id]
+        return _earliest(peers), Role.SYMPTOM
     return None, None
+
+
+def _graver_explanation(winner: Finding, roots: list[Finding]) -> Finding:
+    """A graver infrastructure fault just after the earliest one explains it.
+
+    A node that dies is first noticed by its peers' connection errors; a GPU that falls off the
+    bus first surfaces as a CUDA error in the application, the kernel's Xid line a moment later.
+    The critical fault is the cause, the earlier lesser one its first echo.
+    """
+    if winner.hit.label.category != Category.INFRASTRUCTURE:
+        return winner
+    rank = _SEVERITY.get(winner.hit.severity, 9)
+    graver = [
+        f
+        for f in roots
+        if f is not winner
+        and f.hit.label.category == Category.INFRASTRUCTURE
+        and _SEVERITY.get(f.hit.severity, 9) < rank
+        and _soon_after(winner.event, f.event)
+    ]
+    return _earliest(graver) if graver else winner
+
+
+def _soon_after(first: Event, later: Event) -> bool:
+    if first.ts is not None and later.ts is not None:
+        return 0 <= later.ts - first.ts <= _EXPLAIN_WINDOW_S
+    return 0 < later.line_no - first.line_no <= _EXPLAIN_WINDOW_LINES
 
 
 def _kept_training_after(event: Event, summary: CompressionSummary) -> bool:
     """The process that raised this went on training for long afterwards: it was not fatal."""
+    if event.kind in ("loss_nan", "loss_spike"):
+        # A diverged run goes on printing (NaN) progress lines until it is stopped; it recovered
+        # only if the same process logged a finite loss again.
+        return summary.last_finite_loss_line.get(event.anchor.source_key, 0) > event.line_no
     anchor = event.anchor
     key = anchor.source_key
     last = summary.last_progress_line.get(key)
@@ -176,15 +220,53 @@ def _culprits(
         ranks = _silent_or_lagging_ranks(findings, summary)
         hosts = sorted({summary.rank_hosts[r] for r in ranks if r in summary.rank_hosts})
         return hosts, ranks, []
-    hit, line = winner.hit, winner.hit.line
-    rank = _int_or_none(hit.groups.get("rank")) if hit.groups.get("rank") else line.rank
-    host = hit.groups.get("host") or line.host or (summary.rank_hosts.get(rank) if rank is not None else None)
-    gpu = hit.groups.get("gpu") or winner.event.gpu
-    if hit.label.category != Category.INFRASTRUCTURE:
-        # A bug in code or config is not a node's fault: name where it surfaced, not a host to cordon.
-        ranks = sorted(winner.ranks)[:16] or ([rank] if rank is not None else [])
-        return [], ranks, []
-    return ([host] if host else []), ([rank] if rank is not None else []), ([gpu] if gpu else [])
+    hit = winner.hit
+    rank, host, gpu = hit.rank, hit.host, hit.gpu
+    if host is None and rank is not None:
+        host = summary.rank_hosts.get(rank)
+    if rank is None and host is None:
+        host, rank = _named_nearby(winner, findings)
+    if rank is None and host is not None:
+        rank = _rank_on_host(host, gpu, winner.event, summary)
+    ranks = set(winner.ranks) | ({rank} if rank is not None else set())
+    if host is not None and hit.label.failure_type in _WHOLE_NODE_FAILURES:
+        ranks |= {r for r, h in summary.rank_hosts.items() if h == host}
+    if 1 < summary.world_size <= len(ranks):
+        # Every rank failed alike (a bug, a bad config): nobody is singled out.
+        return [], [], ([gpu] if gpu else [])
+    hosts = set(winner.hosts) | ({host} if host else set())
+    hosts |= {summary.rank_hosts[r] for r in ranks if r in summary.rank_hosts}
+    return sorted(hosts), sorted(ranks), ([gpu] if gpu else [])
+
+
+def _named_nearby(winner: Finding, findings: list[Finding]) -> tuple[str | None, int | None]:
+    """A root line that names nobody ("Detected 1 oom_kill event in StepId=...") is usually
+    flanked by a launcher line that does ("srun: error: node-14: task 10: Killed")."""
+    line_no = winner.event.line_no
+    near = [
+        f for f in findings
+        if f is not winner and abs(f.event.line_no - line_no) <= _NEARBY_LINES and (f.hit.host or f.hit.rank is not None)
+    ]
+    if not near:
+        return None, None
+    f = min(near, key=lambda f: abs(f.event.line_no - line_no))
+    return f.hit.host, f.hit.rank
+
+
+def _rank_on_host(host: str, gpu: str | None, event: Event, summary: CompressionSummary) -> int | None:
+    """The rank behind a kernel or NCCL line that names only its host, GPU, process or device."""
+    keys = []
+    if gpu:
+        keys.append(f"{host}|bus:{pci_key(gpu)}")
+    pid = event.attrs.get("pid") or event.anchor.pid
+    if pid is not None:
+        keys.append(f"{host}|pid:{pid}")
+    if event.anchor.local_rank is not None:
+        keys.append(f"{host}|dev:{event.anchor.local_rank}")
+    for key in keys:
+        if key in summary.gpu_ranks:
+            return summary.gpu_ranks[key]
+    return None
 
 
 def _silent_or_lagging_ranks(findings: list[Finding], summary: CompressionSummary) -> list[int]:

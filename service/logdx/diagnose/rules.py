@@ -64,6 +64,7 @@ _DEFAULT_ACTION = {
     Category.INFRASTRUCTURE: Action.RESTART,
     Category.FRAMEWORK: Action.NO_RESTART,
     Category.SCRIPT: Action.NO_RESTART,
+    Category.UNKNOWN: Action.NO_RESTART,
 }
 Origin = Literal["user", "library"]
 
@@ -86,7 +87,7 @@ _NonEmpty = Annotated[str, Field(min_length=1)]
 
 class _LabelSpec(BaseModel):
     model_config = _Strict
-    category: Literal["infrastructure", "framework", "script"]
+    category: Literal["infrastructure", "framework", "script", "unknown"]
     failure_type: _NonEmpty
     action: Literal["cordon_and_restart", "restart", "no_restart"] | None = None
 
@@ -110,7 +111,7 @@ class _RuleSpec(BaseModel):
     id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
     title: _NonEmpty
     role: Literal["root_cause", "symptom", "fallback"]
-    category: Literal["infrastructure", "framework", "script"] | None = None
+    category: Literal["infrastructure", "framework", "script", "unknown"] | None = None
     failure_type: _NonEmpty | None = None
     action: Literal["cordon_and_restart", "restart", "no_restart"] | None = None
     by_origin: _ByOriginSpec | None = None

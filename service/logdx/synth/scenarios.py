@@ -602,7 +602,7 @@ REGISTRY: dict[str, Scenario] = {
         Scenario("nvlink", "Xid 74 fatal NVLink error on one GPU; cascade", _I, "nvlink_error", _CR, nvlink),
         Scenario("ib_error", "NET/IB completion error status=12 on one rank; cascade", _I, "network_error", _R, ib_error),
         Scenario("node_lost", "one host goes silent; c10d errors, Slurm NODE FAILURE (or pdsh ssh 255)", _I,
-                 "node_failure", _R, node_lost, min_hosts=2),
+                 "node_failure", _CR, node_lost, min_hosts=2),
         Scenario("nccl_hang", "symptoms only: all ranks but one time out on the same SeqNum", _I, "nccl_timeout", _R, nccl_hang),
         Scenario("s3_timeout", "botocore ReadTimeoutError reading a shard or uploading a checkpoint", _I,
                  "storage_error", _R, s3_timeout),
