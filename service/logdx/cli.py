@@ -119,6 +119,10 @@ def _build_parser(prog: str) -> argparse.ArgumentParser:
     sy = sub.add_parser("synth", help="generate a realistic multi-rank training log", add_help=False)
     sy.add_argument("synth_args", nargs=argparse.REMAINDER)
     sy.set_defaults(func=_cmd_synth)
+
+    from logdx.supervise import add_run_parser
+
+    add_run_parser(sub)
     return parser
 
 
@@ -157,4 +161,8 @@ _DIAGNOSE_SUBCOMMANDS = {"incidents", "feedback", "rules"}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module, not this __main__ copy, so that its exception classes are the ones
+    # other modules raise (`python -m logdx.cli` would otherwise have two UsageErrors).
+    from logdx import cli
+
+    sys.exit(cli.main())

@@ -321,15 +321,27 @@ def _vote(winner: Finding | None, findings: list[Finding]) -> StageVote:
 
 
 def _evidence(winner: Finding, findings: list[Finding], limit: int = 6) -> list[Evidence]:
+    """The root line first; then other causes; then the loudest symptoms, each counted once."""
     out = [Evidence(line_no=winner.hit.line.line_no, text=winner.hit.line.raw, source=f"rule:{winner.hit.rule_id}")]
-    others = sorted((f for f in findings if f is not winner), key=lambda f: (f.hit.role != Role.ROOT_CAUSE, f.event.line_no))
-    for f in others[: limit - 1]:
-        text = f.hit.line.raw
+    others = [f for f in findings if f is not winner and f.event.kind != "stall"]
+    others.sort(key=lambda f: (f.hit.role != Role.ROOT_CAUSE, -len(f.ranks), -f.similar, f.event.line_no))
+    seen_rules = {winner.hit.rule_id}
+    for f in others:
+        if len(out) >= limit:
+            break
+        if f.hit.role == Role.SYMPTOM and f.hit.rule_id in seen_rules:
+            continue
+        seen_rules.add(f.hit.rule_id)
+        text = _clip(f.hit.line.raw)
         if f.similar > 1:
             where = f" on {len(f.ranks)} ranks" if len(f.ranks) > 1 else ""
             text = f"{text}  (+{f.similar - 1} similar{where})"
         out.append(Evidence(line_no=f.hit.line.line_no, text=text, source=f"rule:{f.hit.rule_id}"))
     return out
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def failure_context(

@@ -1,0 +1,356 @@
+"""Alerts: Slack Block Kit and Standard Webhooks signed JSON, from a persisted outbox, once per
+diagnosis, with retries. Delivered over real HTTP to a receiver on 127.0.0.1."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import os
+import sqlite3
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from logdx.act.alerts import Outbox, OutboxWorker, sign, slack_payload, verify
+from logdx.act.report import CompressionFigures, Culprits, Report, RootCause
+from logdx.config import AlertsSettings
+from logdx.store import open_db
+
+def _load_receiver():
+    name = "logdx_test_receiver"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "fixtures" / "run" / "receiver.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return sys.modules[name]
+
+
+receiver = _load_receiver()
+
+SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef01234567").decode()
+
+
+def make_report(line_no: int = 18233, **kw) -> Report:
+    base = dict(
+        status="failed", category="infrastructure", failure_type="ecc_error", action="cordon_and_restart",
+        confidence=0.97, culprits=Culprits(hosts=["node-17"], ranks=[42], gpus=["0000:8a:00.0"]),
+        root_cause=RootCause(line_no=line_no, text="[rank42]: NVRM: Xid (PCI:0000:8a:00): 48, <DBE> & more",
+                             rank=42, host="node-17"),
+        evidence=[], explanation="Double-bit ECC error on GPU 0000:8a:00.0 of node-17 (rank 42).",
+        hint="Drain node-17, reset the GPU, restart from the last checkpoint.",
+        compression=CompressionFigures(lines_in=100, templates=10, lines_kept=5), timings_ms={},
+    )
+    base.update(kw)
+    return Report(**base)
+
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def rx():
+    with receiver.Receiver() as r:
+        yield r
+
+
+@pytest.fixture
+def db(tmp_path):
+    d = open_db(tmp_path / "logdx.db")
+    yield d
+    d.close()
+
+
+def settings(rx, **kw) -> AlertsSettings:
+    base = {"webhooks": [{"url": rx.url + "/hook?token=abc", "secret": SECRET}], "backoff_initial_s": 2.0,
+            "backoff_max_s": 60.0, "max_attempts": 4, "timeout_s": 5.0}
+    base.update(kw)
+    return AlertsSettings(**base)
+
+
+# -- signatures -------------------------------------------------------------------------------------
+
+
+def test_sign_matches_the_standard_webhooks_test_vector():
+    # The specification's reference libraries' vector.
+    sig = sign("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330,
+               b'{"test": 2432232314}')
+    assert sig == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+
+def test_verify_accepts_valid_and_rejects_tampered_stale_or_foreign():
+    body = b'{"a":1}'
+    now = int(time.time())
+    headers = {"Webhook-Id": "msg_1", "Webhook-Timestamp": str(now),
+               "Webhook-Signature": sign(SECRET, "msg_1", now, body)}
+    assert verify(SECRET, headers, body)
+    assert not verify(SECRET, headers, b'{"a":2}')
+    other = "whsec_" + base64.b64encode(b"another secret, 24 bytes").decode()
+    assert not verify(other, headers, body)
+    old = now - 301
+    stale = {**headers, "Webhook-Timestamp": str(old), "Webhook-Signature": sign(SECRET, "msg_1", old, body)}
+    assert not verify(SECRET, stale, body)
+    assert verify(SECRET, stale, body, tolerance_s=600)
+    assert not verify(SECRET, {k: v for k, v in headers.items() if k != "Webhook-Id"}, body)
+    # Key rotation: several signatures, one of them valid.
+    rotated = {**headers, "Webhook-Signature": "v1,AAAA v1a,BBBB " + headers["Webhook-Signature"]}
+    assert verify(SECRET, rotated, body)
+
+
+# -- delivery ---------------------------------------------------------------------------------------
+
+
+def test_webhook_is_delivered_signed_with_the_report(rx, db):
+    out = Outbox(db, settings(rx), public_url="https://logdx.example.com/")
+    report = make_report()
+    assert out.enqueue("job-1", report) is True
+    assert out.deliver_due() == 1
+    (req,) = rx.wait_for(1)
+    assert req.method == "POST" and req.path == "/hook?token=abc"
+    assert req.headers["content-type"] == "application/json"
+    assert req.headers["webhook-id"].startswith("msg_")
+    assert verify(SECRET, req.headers, req.body)
+    payload = req.json()
+    assert payload["type"] == "logdx.diagnosis"
+    assert payload["data"]["job_id"] == "job-1"
+    assert payload["data"]["report"]["id"] == report.id
+    assert payload["data"]["report"]["failure_type"] == "ecc_error"
+    assert payload["data"]["report_url"] == f"https://logdx.example.com/v1/reports/{report.id}"
+    [row] = out.history("job-1")
+    assert row["status"] == "delivered" and row["attempts"] == 1 and row["last_status"] == 200
+    assert out.pending() == []
+    assert out.counters[("webhook", "ok")] == 1
+
+
+def test_slack_message_says_what_failed_where_and_what_to_do():
+    report = make_report()
+    msg = slack_payload("job-1", report, "https://logdx.example.com/v1/reports/abc")
+    text = json.dumps(msg)
+    assert "job-1" in msg["text"] and "ecc_error" in msg["text"]
+    header = msg["blocks"][0]
+    assert header["type"] == "header" and "infrastructure / ecc_error" in header["text"]["text"]
+    fields = {f["text"].split("\n")[0].strip("*"): f["text"].split("\n", 1)[1] for f in msg["blocks"][1]["fields"]}
+    assert fields["Job"] == "`job-1`"
+    assert fields["Category"] == "infrastructure"
+    assert "ecc_error" in fields["Failure type"]
+    assert "node-17" in fields["Culprit"] and "rank 42" in fields["Culprit"]
+    assert "Cordon" in fields["Action"]
+    assert fields["Confidence"] == "0.97"
+    assert "line 18233" in text
+    # Slack's three escapes, in the root line too.
+    assert "&lt;DBE&gt; &amp; more" in text and "<DBE>" not in text
+    assert "Drain node-17" in text
+    assert "<https://logdx.example.com/v1/reports/abc|" in text
+    # No link without a public URL.
+    assert "/v1/reports/" not in json.dumps(slack_payload("job-1", report, None))
+
+
+def test_slack_delivery_over_http(rx, db):
+    s = AlertsSettings(slack=[{"webhook_url": rx.url + "/services/T000/B000/XXXX"}])
+    out = Outbox(db, s, public_url="http://logdx:8077")
+    report = make_report()
+    assert out.enqueue("job-2", report)
+    assert out.deliver_due() == 1
+    (req,) = rx.wait_for(1)
+    assert req.path == "/services/T000/B000/XXXX"
+    body = req.json()
+    assert body["blocks"][0]["type"] == "header"
+    assert f"http://logdx:8077/v1/reports/{report.id}" in json.dumps(body)
+    assert "webhook-signature" not in req.headers  # Slack is not signed
+
+
+def test_credentials_are_not_stored_in_the_database(rx, tmp_path):
+    path = tmp_path / "a.db"
+    d = open_db(path)
+    s = AlertsSettings(slack=[{"webhook_url": rx.url + "/services/T000/B000/SECRETPART"}],
+                       webhooks=[{"url": rx.url + "/hook?token=QUERYSECRET", "secret": SECRET}])
+    out = Outbox(d, s)
+    assert out.enqueue("job-1", make_report())
+    d.close()
+    wal = tmp_path / "a.db-wal"
+    raw = path.read_bytes() + (wal.read_bytes() if wal.exists() else b"")
+    for secret in (b"SECRETPART", b"QUERYSECRET", SECRET.encode()):
+        assert secret not in raw
+    d = open_db(path)
+    labels = [r["destination"] for r in Outbox(d, s).history()]
+    d.close()
+    assert labels == [f"slack[0] {rx.url}", f"webhook[0] {rx.url}/hook"]
+
+
+# -- once per diagnosis -----------------------------------------------------------------------------
+
+
+def test_one_alert_per_job_and_diagnosis_even_across_restarts(rx, tmp_path):
+    path = tmp_path / "logdx.db"
+    d = open_db(path)
+    out = Outbox(d, settings(rx))
+    report = make_report()
+    assert out.enqueue("job-1", report) is True
+    assert out.enqueue("job-1", report.model_copy(update={"id": "another"})) is False  # same diagnosis
+    assert out.deliver_due() == 1
+    d.close()
+    # A restarted server, same database: still a duplicate.
+    d = open_db(path)
+    out = Outbox(d, settings(rx))
+    assert out.enqueue("job-1", report) is False
+    assert out.deliver_due() == 0
+    # A changed diagnosis (another root line, another type) or another job is new.
+    assert out.enqueue("job-1", make_report(line_no=99)) is True
+    assert out.enqueue("job-1", make_report(failure_type="nvlink_error")) is True
+    assert out.enqueue("job-2", report) is True
+    assert out.deliver_due() == 3
+    assert len(rx.wait_for(4)) == 4
+    d.close()
+
+
+def test_nothing_is_queued_for_healthy_or_unsure_reports_or_without_destinations(rx, db):
+    out = Outbox(db, settings(rx, min_confidence=0.9))
+    healthy = make_report(status="healthy", category=None, failure_type=None, action="none", root_cause=None)
+    assert out.enqueue("job-1", healthy) is False
+    assert out.enqueue("job-1", make_report(confidence=0.5)) is False
+    assert Outbox(db, AlertsSettings()).enqueue("job-1", make_report()) is False
+    assert out.pending() == []
+
+
+# -- retries ----------------------------------------------------------------------------------------
+
+
+def test_retries_with_capped_exponential_backoff_then_delivers(rx, db):
+    rx.statuses = [500, 503, 200]
+    clock = Clock()
+    out = Outbox(db, settings(rx, backoff_initial_s=2.0, backoff_max_s=3.0), clock=clock)
+    assert out.enqueue("job-1", make_report())
+    t0 = clock.t
+    assert out.deliver_due() == 0
+    [row] = out.pending()
+    assert row["attempts"] == 1 and row["last_status"] == 500
+    assert t0 + 1.0 <= row["next_at"] <= t0 + 2.0  # 2 s with jitter in [1, 2]
+    assert out.deliver_due() == 0  # not due yet
+    assert len(rx.requests) == 1
+    clock.t = row["next_at"]
+    assert out.deliver_due() == 0
+    [row] = out.pending()
+    assert row["attempts"] == 2 and "HTTP 503" in row["last_error"]
+    assert clock.t + 1.5 <= row["next_at"] <= clock.t + 3.0  # 4 s capped at 3, jittered
+    clock.t = row["next_at"]
+    assert out.deliver_due() == 1
+    reqs = rx.wait_for(3)
+    # The same message each time (the receiver's idempotency key), signed afresh.
+    assert len({r.headers["webhook-id"] for r in reqs}) == 1
+    assert all(verify(SECRET, r.headers, r.body) for r in reqs)
+    [row] = out.history()
+    assert row["status"] == "delivered" and row["attempts"] == 3
+    assert out.counters[("webhook", "retry")] == 2 and out.counters[("webhook", "ok")] == 1
+
+
+def test_gives_up_after_max_attempts_and_records_the_failure(rx, db):
+    rx.statuses = [500]
+    clock = Clock()
+    seen = []
+    out = Outbox(db, settings(rx, max_attempts=3), clock=clock, on_delivery=lambda k, o: seen.append((k, o)))
+    assert out.enqueue("job-1", make_report())
+    for _ in range(10):
+        out.deliver_due()
+        clock.t += 1000
+    assert len(rx.requests) == 3
+    [row] = out.history("job-1")
+    assert row["status"] == "failed" and row["attempts"] == 3 and "HTTP 500" in row["last_error"]
+    assert row["done_at"] is not None
+    assert seen == [("webhook", "retry"), ("webhook", "retry"), ("webhook", "failed")]
+
+
+def test_gone_is_final_and_retry_after_is_honoured(rx, db):
+    clock = Clock()
+    rx.statuses = [429, 410]
+    rx.extra_headers = {"Retry-After": "30"}
+    out = Outbox(db, settings(rx, backoff_initial_s=1.0, backoff_max_s=60.0), clock=clock)
+    assert out.enqueue("job-1", make_report())
+    out.deliver_due()
+    [row] = out.pending()
+    assert row["next_at"] >= clock.t + 30
+    clock.t = row["next_at"]
+    out.deliver_due()
+    [row] = out.history()
+    assert row["status"] == "failed" and row["last_status"] == 410 and row["attempts"] == 2
+
+
+def test_unreachable_destination_is_retried(db):
+    clock = Clock()
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    out = Outbox(db, AlertsSettings(webhooks=[{"url": f"http://127.0.0.1:{port}/x"}], timeout_s=2.0), clock=clock)
+    assert out.enqueue("job-1", make_report())
+    assert out.deliver_due() == 0
+    [row] = out.pending()
+    assert row["attempts"] == 1 and "Connect" in row["last_error"]
+
+
+def test_a_destination_removed_from_the_config_is_not_sent_to(rx, db):
+    out = Outbox(db, settings(rx))
+    assert out.enqueue("job-1", make_report())
+    later = Outbox(db, AlertsSettings(webhooks=[{"url": rx.url + "/other"}]))
+    assert later.deliver_due() == 0
+    [row] = later.history()
+    assert row["status"] == "failed" and "no longer configured" in row["last_error"]
+    assert rx.requests == []
+
+
+def test_two_workers_on_one_database_send_once(rx, tmp_path):
+    path = tmp_path / "logdx.db"
+    a, b = open_db(path), open_db(path)
+    rx.handler = lambda req: (time.sleep(0.2), (200, {}, b"ok"))[1]  # slow: both workers see it due
+    out_a = Outbox(a, settings(rx))
+    out_b = Outbox(b, settings(rx))
+    for i in range(5):
+        assert out_a.enqueue(f"job-{i}", make_report())
+    results = []
+    threads = [threading.Thread(target=lambda o=o: results.append(o.deliver_due())) for o in (out_a, out_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(results) == 5
+    assert len(rx.requests) == 5
+    assert len({r.headers["webhook-id"] for r in rx.requests}) == 5
+    a.close()
+    b.close()
+
+
+def test_worker_delivers_in_the_background(rx, db):
+    out = Outbox(db, settings(rx))
+    with OutboxWorker(out, interval_s=0.1) as worker:
+        assert out.enqueue("job-1", make_report())
+        worker.wake()
+        reqs = rx.wait_for(1, timeout=10)
+    assert len(reqs) == 1
+    assert out.history()[0]["status"] == "delivered"
+
+
+def test_a_bare_sqlite_connection_works_too(rx, tmp_path):
+    conn = sqlite3.connect(tmp_path / "x.db", isolation_level=None, check_same_thread=False)
+    out = Outbox(conn, settings(rx))
+    assert out.enqueue("job-1", make_report())
+    assert out.deliver_due() == 1
+    assert out.enqueue("job-1", make_report()) is False
+    conn.close()
+
+
+def test_environment_is_not_consulted_for_destinations(rx, db, monkeypatch):
+    # Destinations come from settings only; an alert never goes anywhere else.
+    monkeypatch.setenv("LOGDX_ALERTS__WEBHOOKS", rx.url + "/evil")
+    out = Outbox(db, AlertsSettings())
+    assert out.enqueue("job-1", make_report()) is False
+    assert os.environ["LOGDX_ALERTS__WEBHOOKS"]  # still there, unused
