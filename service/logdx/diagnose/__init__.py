@@ -45,7 +45,7 @@ class Diagnoser:
         templates: Sequence[TemplateStats],
         exit_code: int | None = None,
     ) -> Diagnosis:
-        outcome = find_root_cause(events, summary, templates, self.rules)
+        outcome = find_root_cause(events, summary, templates, self.rules, exited_ok=exit_code == 0)
         if outcome.winner is None and not _has_failure_signal(outcome, exit_code):
             return Diagnosis(status="healthy", label=None, confidence=_healthy_confidence(summary), root=None,
                              explanation="No failure found: no error, traceback, hardware fault or stall in the log.")
@@ -54,6 +54,13 @@ class Diagnoser:
 
 def _has_failure_signal(outcome: RulesOutcome, exit_code: int | None) -> bool:
     return bool(exit_code) or any(e.kind == "traceback" and e.exception_type for e in outcome.unexplained_events)
+
+
+def _likeliest_unexplained(events: Sequence[Event]):  # noqa: ANN202 - Record | None
+    """With no rule to go by: the last exception raised, else the last error line before the end."""
+    raised = [e for e in events if e.exception_type]
+    pool = raised or [e for e in events if e.kind not in ("stall", "loss_spike")] or list(events)
+    return pool[-1].anchor if pool else None
 
 
 def _healthy_confidence(summary: CompressionSummary) -> float:
@@ -66,7 +73,7 @@ def _from_rules(outcome: RulesOutcome, exit_code: int | None) -> Diagnosis:
     winner = outcome.winner
     if winner is None:
         label = Label(Category.UNKNOWN, "unknown", Action.NO_RESTART)
-        root = outcome.unexplained_events[0].anchor if outcome.unexplained_events else None
+        root = _likeliest_unexplained(outcome.unexplained_events)
         explanation = (
             f"The job failed (exit code {exit_code}) but no known failure signature was found."
             if exit_code

@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from logdx.diagnose.rules import RuleHit, RuleSet
+from logdx.diagnose.rules import RuleHit, RuleSet, render_hint
 from logdx.model import (
     Action,
     Category,
@@ -50,6 +50,7 @@ class Finding:
     similar: int = 1
     ranks: set[int] = field(default_factory=set)
     hosts: set[str] = field(default_factory=set)
+    seq_by_rank: dict[int, int] = field(default_factory=dict)  # NCCL collective each rank reported
 
 
 @dataclass(slots=True)
@@ -74,14 +75,19 @@ def find_root_cause(
     summary: CompressionSummary,
     templates: Sequence[TemplateStats],
     rules: RuleSet,
+    exited_ok: bool = False,
 ) -> RulesOutcome:
+    """`exited_ok`: the job is known to have exited 0, so any error its process trained past
+    was survived."""
     findings, unexplained = _match_all(events, rules)
+    if exited_ok:
+        findings = [f for f in findings if not _kept_training_after(f.event, summary, any_progress=True)]
     winner, role = _choose(findings, summary)
     hosts, ranks, gpus = _culprits(winner, role, findings, summary)
     vote = _vote(winner, findings)
     context = failure_context(winner.hit.line if winner else _first_anchor(unexplained), winner, templates, findings)
     explanation = _explain(winner, role, findings, hosts, ranks, gpus)
-    hint = winner.hit.hint if winner else ""
+    hint = _hint(winner, rules, hosts, ranks, gpus)
     return RulesOutcome(
         vote=vote,
         winner=winner,
@@ -124,6 +130,8 @@ def _match_all(events: Sequence[Event], rules: RuleSet) -> tuple[list[Finding], 
 def _note_where(found: Finding, hit: RuleHit) -> None:
     if hit.rank is not None:
         found.ranks.add(hit.rank)
+        if "SeqNum=" in hit.line.text and (m := _SEQNUM.search(hit.line.text)):
+            found.seq_by_rank[hit.rank] = int(m.group(1))
     if hit.host:
         found.hosts.add(hit.host)
 
@@ -191,7 +199,7 @@ def _soon_after(first: Event, later: Event) -> bool:
     return 0 < later.line_no - first.line_no <= _EXPLAIN_WINDOW_LINES
 
 
-def _kept_training_after(event: Event, summary: CompressionSummary) -> bool:
+def _kept_training_after(event: Event, summary: CompressionSummary, any_progress: bool = False) -> bool:
     """The process that raised this went on training for long afterwards: it was not fatal."""
     if event.kind in ("loss_nan", "loss_spike"):
         # A diverged run goes on printing (NaN) progress lines until it is stopped; it recovered
@@ -202,6 +210,8 @@ def _kept_training_after(event: Event, summary: CompressionSummary) -> bool:
     last = summary.last_progress_line.get(key)
     if last is None or last <= event.line_no:
         return False
+    if any_progress:
+        return True
     if anchor.ts is not None and summary.last_progress_ts is not None:
         return summary.last_progress_ts - anchor.ts > _NON_FATAL_AFTER_S
     # Without timestamps only a long run of progress from the same process counts.
@@ -269,16 +279,28 @@ def _rank_on_host(host: str, gpu: str | None, event: Event, summary: Compression
     return None
 
 
+def _hint(winner: Finding | None, rules: RuleSet, hosts: list[str], ranks: list[int], gpus: list[str]) -> str:
+    """The winning rule's hint, filled with the culprit as finally resolved (the root line itself
+    may name only a rank, or only a PCI address)."""
+    if winner is None:
+        return ""
+    rule = rules.by_id.get(winner.hit.rule_id)
+    if rule is None or not rule.hint:
+        return winner.hit.hint
+    groups = dict(winner.hit.groups)
+    for key, values in (("host", hosts), ("rank", ranks), ("gpu", gpus)):
+        if values and not groups.get(key):
+            groups[key] = ", ".join(map(str, values[:4]))
+    return render_hint(rule.hint, groups, winner.hit.line, winner.event)
+
+
 def _silent_or_lagging_ranks(findings: list[Finding], summary: CompressionSummary) -> list[int]:
     symptoms = [f for f in findings if f.hit.role == Role.SYMPTOM]
     reporting: set[int] = set()
     seq_by_rank: dict[int, int] = {}
     for f in symptoms:
         reporting |= f.ranks
-        for rec in f.event.lines:
-            m = _SEQNUM.search(rec.text)
-            if m and rec.rank is not None:
-                seq_by_rank[rec.rank] = int(m.group(1))
+        seq_by_rank.update(f.seq_by_rank)
     lagging = _lagging(seq_by_rank)
     if lagging:
         return lagging
