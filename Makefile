@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export LOGDX_LLM__CACHE_DIR ?= $(CURDIR)/.cache/logdx
 
-.PHONY: all install demo test test-fast eval bench lint clean
+.PHONY: all install demo test test-fast eval bench bench-serve lint clean
 
 all: test
 
@@ -34,6 +34,10 @@ test-fast: $(STAMP)
 
 eval: $(STAMP)
 	$(PY) -m logdx.evaluate $(SHARED)/failures-dev
+
+bench-serve: $(STAMP)
+	@mkdir -p bench-results
+	$(PY) bench/bench_serve.py --lines 1000000 --streams 64 --jobs 10 --json bench-results/serve.json
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

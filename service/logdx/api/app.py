@@ -1,0 +1,99 @@
+"""The FastAPI application: `create_app(settings)` builds it; `logdx serve` runs it with uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from logdx import __version__
+from logdx.api.errors import CatchAllMiddleware, install_error_handlers
+from logdx.api.metrics import Metrics
+from logdx.api.routes import api, health, metrics_router
+from logdx.api.services import Services
+from logdx.config import Settings, load_settings
+from logdx.pipeline import Engine
+
+log = logging.getLogger("logdx.api")
+
+SETTINGS_ENV = "LOGDX_API_SETTINGS_JSON"  # how `logdx serve` hands its settings to worker processes
+
+
+class MetricsMiddleware:
+    """Counts and times every HTTP request by method, route template and status."""
+
+    def __init__(self, app: ASGIApp, get_metrics) -> None:  # noqa: ANN001
+        self.app = app
+        self.get_metrics = get_metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        t0 = time.perf_counter()
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            metrics: Metrics | None = self.get_metrics()
+            if metrics is not None:
+                route = scope.get("route")
+                path = getattr(route, "path", None) or "unmatched"
+                method = scope.get("method", "?")
+                metrics.http.labels(method, path, str(status)).inc()
+                metrics.http_latency.labels(method, path).observe(time.perf_counter() - t0)
+
+
+def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
+    """The app. `settings` default to `load_settings()` (file + LOGDX_* env); pass `engine` to
+    share an already loaded one (tests, embedding)."""
+    settings = settings or load_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services = Services.open(settings)
+        app.state.services = services
+        services.start()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(services.load_engine, engine)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
+        services.stop()
+        app.state.services = None
+
+    app = FastAPI(
+        title="logdx",
+        version=__version__,
+        summary="Why did this training job fail? Stream its logs in, get a diagnosis out.",
+        lifespan=lifespan,
+    )
+    app.state.services = None
+    install_error_handlers(app)
+    app.include_router(health)
+    app.include_router(metrics_router)
+    app.include_router(api)
+    app.add_middleware(CatchAllMiddleware)
+    app.add_middleware(MetricsMiddleware, get_metrics=lambda: getattr(app.state.services, "metrics", None))
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """Factory for uvicorn worker processes (`--workers > 1`): settings come from the parent."""
+    raw = os.environ.get(SETTINGS_ENV)
+    settings = Settings.model_validate_json(raw) if raw else load_settings()
+    return create_app(settings)

@@ -1,0 +1,67 @@
+"""Dependencies: what routes get injected (services, settings, the engine), and the guards
+(bearer token, job id, readiness)."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+
+from logdx.api.errors import ApiError
+from logdx.api.limits import JOB_ID_PATTERN, check_job_id, token_matches
+from logdx.api.services import Services
+from logdx.config import Settings
+from logdx.pipeline import Engine
+
+
+def get_services(request: Request) -> Services:
+    return request.app.state.services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def get_settings(services: ServicesDep) -> Settings:
+    return services.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def get_engine(services: ServicesDep) -> Engine:
+    """The engine (rules and models), or 503 while it is still loading."""
+    if services.engine is None:
+        if services.startup_error:
+            raise ApiError(503, "not_ready", f"the engine failed to start: {services.startup_error}")
+        raise ApiError(503, "not_ready", "the engine is still loading; retry shortly", headers={"Retry-After": "5"})
+    return services.engine
+
+
+EngineDep = Annotated[Engine, Depends(get_engine)]
+
+
+def require_token(request: Request, settings: SettingsDep) -> None:
+    """`Authorization: Bearer <server.token>` when a token is configured."""
+    expected = settings.server.token
+    if not expected:
+        return
+    if not token_matches(request.headers.get("authorization"), expected):
+        missing = "authorization" not in request.headers
+        raise ApiError(401, "unauthorized",
+                       "missing bearer token" if missing else "invalid bearer token",
+                       headers={"WWW-Authenticate": 'Bearer realm="logdx"'})
+
+
+def job_id_param(
+    job_id: Annotated[str, Path(description="the job's id", examples=["train-7b-run42"],
+                                json_schema_extra={"pattern": JOB_ID_PATTERN})],
+) -> str:
+    return check_job_id(job_id)
+
+
+JobId = Annotated[str, Depends(job_id_param)]
+
+
+def retry_after(seconds: float) -> dict[str, str]:
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}

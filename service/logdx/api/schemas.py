@@ -1,0 +1,167 @@
+"""Pydantic models at the HTTP edge (requests in, answers out). The report itself is
+`logdx.act.report.Report`, the contract the CLI's `--json` shares."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from logdx.act.report import Report
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class IngestResponse(BaseModel):
+    job_id: str
+    accepted_lines: int = Field(description="lines of this request now in the job (and in its spool)")
+    accepted_bytes: int = Field(description="body bytes received, as sent (compressed if it was)")
+    skipped_records: int = Field(0, description="JSON records without a line/log/message/msg field")
+    truncated_lines: int = Field(0, description="lines longer than input.max_line_bytes, cut and marked")
+    job_lines: int = Field(description="lines the job has received so far, all uploads together")
+    duplicate: bool = Field(False, description="an earlier request with the same Idempotency-Key was applied")
+
+
+class EndRequest(_In):
+    exit_code: int | None = Field(None, ge=-(2**31), le=2**31 - 1, description="the job's exit code, if known")
+
+
+class Compression(BaseModel):
+    lines_in: int
+    bytes_in: int
+    templates: int
+    lines_kept: int
+    lines_truncated: int
+    world_size: int
+    hosts: int
+    progress_lines: int
+    first_ts: float | None = None
+    last_ts: float | None = None
+
+
+class DiagnosisBrief(BaseModel):
+    report_id: str
+    status: str
+    category: str | None
+    failure_type: str | None
+    action: str
+    confidence: float
+
+
+class JobItem(BaseModel):
+    job_id: str
+    state: Literal["open", "ended"]
+    created_at: float
+    updated_at: float
+    ended_at: float | None = None
+    exit_code: int | None = None
+    lines: int
+    bytes: int
+    diagnosis: DiagnosisBrief | None = None
+
+
+class JobList(BaseModel):
+    jobs: list[JobItem]
+
+
+class ReportRef(BaseModel):
+    report_id: str
+    kind: Literal["early", "final"]
+    created_at: float
+
+
+class AlertState(BaseModel):
+    kind: str
+    destination: str
+    status: str
+    attempts: int
+    last_error: str | None = None
+
+
+class ActionState(BaseModel):
+    action: str
+    node: str | None
+    actuator: str
+    dry_run: bool
+    outcome: str
+    detail: str
+
+
+class JobDetail(BaseModel):
+    job_id: str
+    state: Literal["open", "ended"]
+    created_at: float | None
+    updated_at: float | None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    lines: int
+    bytes: int
+    requests: int
+    compression: Compression | None = None
+    root_cause_seen: bool | None = Field(None, description="open jobs: a root-cause event has arrived")
+    report: Report | None = Field(None, description="the latest diagnosis (early or final)")
+    reports: list[ReportRef] = Field(default_factory=list)
+    alerts: list[AlertState] = Field(default_factory=list)
+    actions: list[ActionState] = Field(default_factory=list)
+
+
+class TemplateItem(BaseModel):
+    id: int
+    template: str
+    count: int
+    first_line: int
+    last_line: int
+    sample: str
+    rank_count: int
+    ranks: list[int]
+    host_count: int
+    hosts: list[str]
+    kept: int
+    error_bearing: bool
+
+
+class TemplateList(BaseModel):
+    job_id: str
+    state: Literal["open", "ended"]
+    total: int
+    templates: list[TemplateItem]
+
+
+class FeedbackRequest(_In):
+    category: Literal["infrastructure", "framework", "script"]
+    failure_type: str = Field(min_length=1, max_length=64)
+    action: Literal["cordon_and_restart", "restart", "no_restart"] | None = None
+    note: str | None = Field(None, max_length=4000)
+
+
+class IncidentOut(BaseModel):
+    id: str
+    root_line: str
+    root_template: str
+    templates: list[str]
+    category: str
+    failure_type: str
+    action: str
+    culprit_kind: str
+    note: str
+    source: str
+    report_id: str | None
+    created_at: float
+    updated_at: float
+
+
+class IncidentList(BaseModel):
+    incidents: list[IncidentOut]
+    count: int
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Ready(BaseModel):
+    status: Literal["ready"]
+    rules: int
+    recovering_jobs: int

@@ -1,0 +1,195 @@
+"""The per-job spool: an append-only file of every accepted line, so no accepted line is lost.
+
+A job's session (normaliser, Drain miner, detector) lives in memory; the spool is what it is
+rebuilt from after a restart. Each request appends DATA records as its body arrives (the lines
+of one chunk, with their sources), and one END record when it finishes; the END record is
+fsync'd before the client gets its 2xx. Replaying a spool feeds, in file order, the DATA of
+every request that has an END record, and of requests still running in a live process; the DATA
+of a request whose process died before its END is skipped: that client got no 2xx and will send
+those lines again. A 2xx'd line is therefore replayed exactly once.
+
+Record: header ``<4s magic><B type><3x><I meta_len><I payload_len><I crc32>``, JSON meta, payload
+(the lines joined by LF). A record cut short by a crash fails its length or CRC check; the file
+is truncated back to the last whole record before anything is appended after it.
+
+Several server processes may share a spool (uvicorn workers): appends happen under an exclusive
+``flock``, and a process first reads what others appended (`catch_up`) so every process's session
+sees the same lines in the same order. Each process holds a lock file while it lives
+(`InstanceLock`), which is how a replay tells a dead writer from a live one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import struct
+import uuid
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MAGIC = b"LDXS"
+HEADER = struct.Struct("<4sB3xIII")
+DATA = 1
+END = 2
+_MAX_META = 64 << 20
+_MAX_PAYLOAD = 1 << 30
+
+
+@dataclass(slots=True)
+class Record:
+    type: int
+    meta: dict[str, Any]
+    payload: bytes
+    end: int  # file offset just after this record
+
+
+class InstanceLock:
+    """`<dir>/.instances/<id>.lock`, held (flock) for the life of the process."""
+
+    def __init__(self, spool_dir: Path) -> None:
+        self.dir = spool_dir / ".instances"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.id = uuid.uuid4().hex[:16]
+        self.path = self.dir / f"{self.id}.lock"
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._alive: dict[str, bool] = {self.id: True}
+
+    def is_alive(self, instance: str) -> bool:
+        """Whether the process that wrote as `instance` still runs (cached: the dead stay dead)."""
+        known = self._alive.get(instance)
+        if known is not None:
+            return known
+        path = self.dir / f"{instance}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            self._alive[instance] = False
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True  # alive now; ask again next time
+        else:
+            self._alive[instance] = False
+            path.unlink(missing_ok=True)
+            return False
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        try:
+            self.path.unlink(missing_ok=True)
+            os.close(self._fd)
+        except OSError:
+            pass
+
+
+class Spool:
+    """One job's append-only record file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        new = not path.exists()
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        if new:
+            _fsync_dir(path.parent)
+        self.offset = 0  # how far this process has read (and fed)
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def append(self, rtype: int, meta: dict[str, Any], payload: bytes = b"") -> int:
+        """Write one record at the end (call under `locked()`, after `catch_up`); returns its end."""
+        meta_b = json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode()
+        crc = zlib.crc32(payload, zlib.crc32(meta_b))
+        data = HEADER.pack(MAGIC, rtype, len(meta_b), len(payload), crc) + meta_b + payload
+        view = memoryview(data)
+        while view:
+            written = os.write(self.fd, view)
+            view = view[written:]
+        self.offset += len(data)
+        return self.offset
+
+    def sync(self) -> None:
+        os.fsync(self.fd)
+
+    def records(self, start: int, stop: int | None = None) -> Iterator[Record]:
+        """Whole, valid records from `start`; stops at the end or at the first torn record."""
+        end = self.size() if stop is None else stop
+        pos = start
+        while pos + HEADER.size <= end:
+            head = os.pread(self.fd, HEADER.size, pos)
+            if len(head) < HEADER.size:
+                return
+            magic, rtype, meta_len, payload_len, crc = HEADER.unpack(head)
+            if magic != MAGIC or meta_len > _MAX_META or payload_len > _MAX_PAYLOAD:
+                return
+            body_end = pos + HEADER.size + meta_len + payload_len
+            if body_end > end:
+                return
+            body = os.pread(self.fd, meta_len + payload_len, pos + HEADER.size)
+            if len(body) != meta_len + payload_len or zlib.crc32(body) != crc:
+                return
+            try:
+                meta = json.loads(body[:meta_len])
+            except ValueError:
+                return
+            yield Record(rtype, meta, body[meta_len:], body_end)
+            pos = body_end
+
+    def truncate(self, offset: int) -> None:
+        """Cut a torn tail (call under `locked()`)."""
+        os.ftruncate(self.fd, offset)
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+    def remove(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def encode_runs(runs: list[tuple[Any, list[bytes]]]) -> tuple[list[list[Any]], bytes]:
+    """A batch's runs as (meta, payload): per run [rank, host, ts, stream, n]; lines joined by LF."""
+    meta = [[s.rank, s.host, s.ts, s.stream, len(lines)] for s, lines in runs]
+    payload = b"\n".join(line for _, lines in runs for line in lines)
+    return meta, payload
+
+
+def decode_runs(meta: list[list[Any]], payload: bytes) -> Iterator[tuple[tuple[Any, Any, Any, Any], list[bytes]]]:
+    lines = payload.split(b"\n")
+    i = 0
+    for rank, host, ts, stream, n in meta:
+        yield (rank, host, ts, stream), lines[i:i + n]
+        i += n
