@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export LOGDX_LLM__CACHE_DIR ?= $(CURDIR)/.cache/logdx
 
-.PHONY: all install demo test test-fast eval bench bench-serve lint clean
+.PHONY: all install demo test test-fast eval eval-buried bench bench-serve lint clean
 
 all: test
 
@@ -34,6 +34,10 @@ test-fast: $(STAMP)
 
 eval: $(STAMP)
 	$(PY) -m logdx.evaluate $(SHARED)/failures-dev
+
+BURY ?= 3
+eval-buried: $(STAMP)
+	$(PY) -m logdx.evaluate $(SHARED)/failures-dev --bury $(BURY)
 
 bench-serve: $(STAMP)
 	@mkdir -p bench-results

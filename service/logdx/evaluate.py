@@ -1,9 +1,24 @@
 """`make eval`: measure the pipeline against a labelled set of real failure logs.
 
     python -m logdx.evaluate ../shared/data/failures-dev [--json out.json] [--no-llm] [--no-retrieval]
+    python -m logdx.evaluate ../shared/data/failures-dev --bury 3 [--bury-lines 30000] [--bury-ranks 64]
+                             [--bury-dir DIR] [--bury-seed 0]
 
 Prints accuracy of category, action, failure_type, root line and culprit, then every miss. The
 labelled logs are for measuring; nothing in logdx may be keyed to them.
+
+With ``--bury N`` each case is also buried N times (``logdx.synth.bury``) in a long, healthy multi-rank
+job followed by its cascade, each time with another seed, prefix style and prefix choice, and the
+same fields are scored on the buried logs:
+
+* root_line is correct when the report's root line *is* the buried copy of the labelled root line:
+  its line number is where ``bury`` wrote (one of) the real line(s) the label names, and its text,
+  once the prefix ``bury`` added is stripped, matches the label as in the plain run;
+* culprit (when labelled) is correct when the plain check passes, or when the report names the rank
+  or the host the real lines were buried under (their prefix says so; that is the culprit of the
+  buried job). A label "rank N" makes rank N the culprit of the burial, so both agree.
+
+Buried variants are deterministic in (case id, variant number, --bury-seed).
 """
 
 from __future__ import annotations
@@ -11,14 +26,20 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
+import tempfile
 import time
+import zlib
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from logdx.act.report import Report
 from logdx.config import load_settings
 from logdx.pipeline import Engine
+from logdx.synth.bury import BuriedTruth, bury, read_real_lines
+from logdx.synth.styles import STYLES
 
 # Labels name "what the owner must do"; the report's action set folds both into no_restart.
 _ACTION_ALIASES = {"fix_script": "no_restart", "fix_config": "no_restart"}
@@ -32,6 +53,8 @@ class CaseResult:
     report: Report
     correct: dict[str, bool | None] = field(default_factory=dict)
     seconds: float = 0.0
+    variant: dict | None = None  # buried runs: how the case was buried (seed, style, prefix_real, path)
+    truth: BuriedTruth | None = None  # buried runs: where the real lines landed
 
 
 def load_labels(folder: Path) -> list[dict]:
@@ -85,6 +108,94 @@ def evaluate(folder: Path, engine: Engine) -> list[CaseResult]:
     return results
 
 
+# -- buried runs -------------------------------------------------------------------------------------
+
+_BURY_STYLES = tuple(STYLES)
+
+
+def buried_root_line_correct(label_line: str, report: Report, truth: BuriedTruth) -> bool:
+    """The report's root line is the buried copy of the labelled line: same place, same text."""
+    if report.root_cause is None:
+        return False
+    line_no = report.root_cause.line_no
+    if line_no not in truth.root_line_nos_for(label_line):
+        return False
+    got = truth.strip_prefix(line_no, report.root_cause.text)
+    return root_line_correct(label_line, report.model_copy(update={
+        "root_cause": report.root_cause.model_copy(update={"text": got})}))
+
+
+def buried_culprit_correct(label: str | None, report: Report, truth: BuriedTruth) -> bool | None:
+    ok = culprit_correct(label, report)
+    if ok is None or ok:
+        return ok
+    c = report.culprits
+    return truth.culprit_rank in c.ranks or truth.culprit_host in c.hosts
+
+
+def burial_culprit_named(report: Report, truth: BuriedTruth) -> bool:
+    """Informational: the report names the rank or host the real lines were buried under. Every
+    burial has one (its launcher reports the death; prefixed lines name it), labelled or not."""
+    return truth.culprit_rank in report.culprits.ranks or truth.culprit_host in report.culprits.hosts
+
+
+def format_culprit_disagreements(results: list[CaseResult]) -> list[str]:
+    out = []
+    for r in results:
+        if r.truth is None or r.variant is None or burial_culprit_named(r.report, r.truth):
+            continue
+        rc = r.report.root_cause
+        out.append(f"{r.case_id}: {r.variant['style']} prefix_real={r.variant['prefix_real']} burial=rank "
+                   f"{r.truth.culprit_rank}/{r.truth.culprit_host} got ranks={r.report.culprits.ranks[:4]} "
+                   f"hosts={r.report.culprits.hosts[:3]} label={r.label.get('culprit')!r} "
+                   f"root@{rc.line_no if rc else None}: {(rc.text if rc else '')[:90]}")
+    return out
+
+
+def score_buried(label: dict, report: Report, truth: BuriedTruth) -> dict[str, bool | None]:
+    marks = score_case(label, report)
+    marks["root_line"] = buried_root_line_correct(label.get("root_line", ""), report, truth)
+    marks["culprit"] = buried_culprit_correct(label.get("culprit"), report, truth)
+    return marks
+
+
+def label_culprit_rank(label: dict, ranks: int) -> int | None:
+    """A label naming one rank ("rank 12") fixes the rank the real lines are buried under."""
+    m = re.search(r"\brank\s*(\d+)\b", label.get("culprit") or "", re.IGNORECASE)
+    return int(m.group(1)) if m and int(m.group(1)) < ranks else None
+
+
+def bury_variants(case_id: str, case_index: int, n: int, base_seed: int = 0) -> list[dict]:
+    """N different buryings of one case: seed, prefix style and whether the real lines get a prefix."""
+    out = []
+    for k in range(n):
+        out.append({
+            "seed": zlib.crc32(f"logdx-eval-bury:{base_seed}:{case_id}:{k}".encode()) & 0x7FFFFFFF,
+            "style": _BURY_STYLES[(case_index + k) % len(_BURY_STYLES)],
+            "prefix_real": (case_index + 3 * k) % 4 != 3,  # one burial in four leaves them bare
+        })
+    return out
+
+
+def evaluate_buried(folder: Path, engine: Engine, n: int, workdir: Path, *, lines: int = 30000, ranks: int = 64,
+                    base_seed: int = 0) -> list[CaseResult]:
+    results = []
+    for ci, label in enumerate(load_labels(folder)):
+        real = read_real_lines(str(folder / f"{label['id']}.log"))
+        for k, variant in enumerate(bury_variants(label["id"], ci, n, base_seed)):
+            path = workdir / f"{label['id']}-b{k}-{variant['style']}.log"
+            with open(path, "w", encoding="utf-8", errors="surrogateescape", newline="") as out:
+                truth = bury(real, out, lines=lines, ranks=ranks, culprit_rank=label_culprit_rank(label, ranks),
+                             **variant)
+            t0 = time.perf_counter()
+            report = engine.diagnose_path(path)
+            result = CaseResult(f"{label['id']}#b{k}", label, report, seconds=time.perf_counter() - t0,
+                                variant={**variant, "path": str(path)}, truth=truth)
+            result.correct = score_buried(label, report, truth)
+            results.append(result)
+    return results
+
+
 def summarize(results: list[CaseResult]) -> dict[str, dict[str, float | int]]:
     table: dict[str, dict[str, float | int]] = {}
     for name in _FIELDS:
@@ -105,10 +216,56 @@ def format_misses(results: list[CaseResult]) -> list[str]:
         out.append(f"    want {lab['category']}/{lab['failure_type']}/{lab['action']} culprit={lab.get('culprit')}")
         out.append(f"    got  {rep.category}/{rep.failure_type}/{rep.action} culprit={rep.culprits.model_dump()}"
                    f" conf={rep.confidence}")
+        if r.variant is not None and r.truth is not None:
+            v, t = r.variant, r.truth
+            out.append(f"    buried: seed={v['seed']} style={v['style']} prefix_real={v['prefix_real']} "
+                       f"culprit=rank {t.culprit_rank} on {t.culprit_host} flavour={t.flavour} "
+                       f"lines={t.lines_written} log={v['path']}")
         if "root_line" in wrong:
-            out.append(f"    want line: {lab.get('root_line', '')[:150]}")
-            out.append(f"    got  line: {(rep.root_cause.text if rep.root_cause else None)!s:.150}")
+            if r.truth is not None:
+                want_nos = r.truth.root_line_nos_for(lab.get("root_line", ""))
+                out.append(f"    want line {','.join(map(str, want_nos)) or '?'}: {lab.get('root_line', '')[:150]}")
+                got_no = rep.root_cause.line_no if rep.root_cause else None
+                out.append(f"    got  line {got_no}: {(rep.root_cause.text if rep.root_cause else None)!s:.150}")
+            else:
+                out.append(f"    want line: {lab.get('root_line', '')[:150]}")
+                out.append(f"    got  line: {(rep.root_cause.text if rep.root_cause else None)!s:.150}")
     return out
+
+
+def result_record(r: CaseResult) -> dict[str, object]:
+    """One run for ``--json``: what was wanted, what the report said, how the case was buried."""
+    rep = r.report
+    rec: dict[str, object] = {
+        "id": r.case_id, "correct": r.correct, "seconds": round(r.seconds, 3),
+        "got": {"category": rep.category, "failure_type": rep.failure_type, "action": rep.action,
+                "culprits": rep.culprits.model_dump(),
+                "root_line_no": rep.root_cause.line_no if rep.root_cause else None,
+                "root_text": rep.root_cause.text if rep.root_cause else None},
+    }
+    if r.variant is not None and r.truth is not None:
+        rec["variant"] = r.variant
+        rec["buried"] = {"culprit_rank": r.truth.culprit_rank, "culprit_host": r.truth.culprit_host,
+                         "flavour": r.truth.flavour, "lines": r.truth.lines_written,
+                         "failure_line_no": r.truth.failure_line_no,
+                         "want_root_line_nos": r.truth.root_line_nos_for(r.label.get("root_line", "")),
+                         "culprit_named": burial_culprit_named(rep, r.truth)}
+    return rec
+
+
+def breakdown(results: list[CaseResult], key: str) -> dict[str, dict[str, dict[str, float | int]]]:
+    """The table per value of a variant field (style, prefix_real)."""
+    groups: dict[str, list[CaseResult]] = defaultdict(list)
+    for r in results:
+        if r.variant is not None:
+            groups[str(r.variant[key])].append(r)
+    return {k: summarize(v) for k, v in sorted(groups.items())}
+
+
+def print_table(title: str, table: dict[str, dict[str, float | int]]) -> None:
+    print(title)
+    for name, row in table.items():
+        print(f"  {name:<13} {row['accuracy']:.3f}  ({row['correct']}/{row['n']})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="also write the figures as JSON here")
     p.add_argument("--no-llm", action="store_true")
     p.add_argument("--no-retrieval", action="store_true")
+    p.add_argument("--bury", type=int, default=0, metavar="N",
+                   help="also bury each case N times in a long multi-rank job with a cascade, and score those")
+    p.add_argument("--bury-lines", type=int, default=30000, help="length of each buried log (default 30000)")
+    p.add_argument("--bury-ranks", type=int, default=64, help="ranks of each buried job (default 64)")
+    p.add_argument("--bury-seed", type=int, default=0, help="changes every burial's seed")
+    p.add_argument("--bury-dir", type=Path, help="keep the buried logs here (default: a temporary directory)")
     args = p.parse_args(argv)
     if not (args.folder / "labels.jsonl").is_file():
         print(f"evaluate: error: {args.folder}/labels.jsonl not found", file=sys.stderr)
@@ -127,15 +290,49 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine.create(settings)
     results = evaluate(args.folder, engine)
     table = summarize(results)
-    print(f"{len(results)} cases from {args.folder}")
-    for name, row in table.items():
-        print(f"  {name:<13} {row['accuracy']:.3f}  ({row['correct']}/{row['n']})")
+    print_table(f"{len(results)} cases from {args.folder}", table)
     misses = format_misses(results)
     if misses:
         print("\nmisses:")
         print("\n".join(misses))
+    figures: dict[str, object] = {"cases": len(results), "accuracy": table,
+                                  "runs": [result_record(r) for r in results]}
+    if args.bury > 0:
+        workdir = args.bury_dir or Path(tempfile.mkdtemp(prefix="logdx-bury-"))
+        workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            buried = evaluate_buried(args.folder, engine, args.bury, workdir, lines=args.bury_lines,
+                                     ranks=args.bury_ranks, base_seed=args.bury_seed)
+        finally:
+            if args.bury_dir is None:
+                shutil.rmtree(workdir, ignore_errors=True)
+        btable = summarize(buried)
+        print()
+        print_table(f"{len(buried)} buried runs ({args.bury} per case, {args.bury_ranks} ranks, "
+                    f"~{args.bury_lines} lines each)", btable)
+        print("\n  field          plain   buried")
+        for name in table:
+            print(f"  {name:<13} {table[name]['accuracy']:.3f}   {btable[name]['accuracy']:.3f}")
+        by_style, by_prefix = breakdown(buried, "style"), breakdown(buried, "prefix_real")
+        print("\n  root_line by style: " + ", ".join(
+            f"{k} {v['root_line']['correct']}/{v['root_line']['n']}" for k, v in by_style.items()))
+        print("  root_line by prefix_real: " + ", ".join(
+            f"{k} {v['root_line']['correct']}/{v['root_line']['n']}" for k, v in by_prefix.items()))
+        named = sum(burial_culprit_named(r.report, r.truth) for r in buried if r.truth is not None)
+        print(f"  culprit of the burial named (informational, all runs, labelled or not): {named}/{len(buried)}")
+        bmisses = format_misses(buried)
+        if bmisses:
+            print("\nburied misses:")
+            print("\n".join(bmisses))
+        disagreements = format_culprit_disagreements(buried)
+        if disagreements:
+            print("\nculprit differs from the burial's (informational; not scored unless labelled):")
+            print("\n".join(disagreements))
+        figures["buried"] = {"runs": len(buried), "per_case": args.bury, "accuracy": btable,
+                             "by_style": by_style, "by_prefix_real": by_prefix, "burial_culprit_named": named,
+                             "runs": [result_record(r) for r in buried]}
     if args.json:
-        args.json.write_text(json.dumps({"cases": len(results), "accuracy": table}, indent=2))
+        args.json.write_text(json.dumps(figures, indent=2))
     return 0
 
 

@@ -49,7 +49,9 @@ Layout (to extend it)
     symptoms every failure shares (watchdog timeouts, launcher reactions); ``flavours.py`` what each
     framework prints and its code paths for tracebacks; ``training.py`` the healthy part of a log;
     ``styles.py`` prefixes and launchers; ``sink.py`` streaming output and time-ordered bursts;
-    ``generate.py`` the public ``generate`` and ``Truth``. A new scenario is a function
+    ``generate.py`` the public ``generate`` and ``Truth``; ``bury.py`` buries real failure lines (an
+    issue-thread excerpt) in a generated healthy job followed by its cascade (``bury``, ``BuriedTruth``;
+    used by ``python -m logdx.evaluate --bury N``). A new scenario is a function
     ``(job) -> Culprits`` that emits its root line with ``root=True`` and a ``REGISTRY`` entry.
 
 Realism notes for consumers

@@ -66,7 +66,8 @@ def generate(
 ) -> Truth:
     """Write one job's log to ``out`` (streamed, bounded memory) and return its ground truth."""
     spec = _check(scenario, style, flavour, ranks, gpus_per_host, fail_at, noise)
-    job = _make_job(out, spec, seed, ranks, gpus_per_host, lines, style, noise, flavour)
+    job = make_job(out, name=spec.name, seed=seed, ranks=ranks, gpus_per_host=gpus_per_host, lines=lines,
+                   style=style, noise=noise, flavour=flavour)
     launcher_startup(job)
     if not spec.at_startup:
         framework_startup(job)
@@ -118,10 +119,15 @@ def _check(scenario: str, style: str, flavour: str, ranks: int, gpus_per_host: i
     return REGISTRY[scenario]
 
 
-def _make_job(out: TextIO, spec: Scenario, seed: int, ranks: int, gpus_per_host: int, lines: int, style_name: str,
-              noise: float, flavour_name: str) -> Job:
-    # Seeded by seed and scenario only, so that changing the style or size keeps the other choices.
-    rng = Random(f"logdx-synth:{seed}:{spec.name}")
+def make_job(out: TextIO, *, name: str, seed: int, ranks: int, gpus_per_host: int, lines: int, style: str,
+             noise: float, flavour: str) -> Job:
+    """A job ready to write its start-up (``generate`` uses it; so does ``bury.bury``).
+
+    Seeded by ``seed`` and ``name`` (the scenario) only, so that changing the style or size keeps
+    the other choices. ``style`` and ``flavour`` are names (``flavour`` may be ``"auto"``).
+    """
+    style_name, flavour_name = style, flavour
+    rng = Random(f"logdx-synth:{seed}:{name}")
     cluster = make_cluster(rng, ranks, gpus_per_host)
     style = STYLES[style_name]
     if flavour_name == "auto":
@@ -129,7 +135,7 @@ def _make_job(out: TextIO, spec: Scenario, seed: int, ranks: int, gpus_per_host:
     flavour = FLAVOURS[flavour_name](rng, cluster)
     slurm = style.name.startswith("srun") or (style.launcher == "torchrun" and not style.name.startswith("pdsh")
                                               and rng.random() < 0.5)
-    if spec.name == "node_lost" and not style.name.startswith("pdsh"):
+    if name == "node_lost" and not style.name.startswith("pdsh"):
         slurm = True  # a lost node is reported by Slurm (pdsh jobs see ssh die instead)
     est_steps = max(10, lines // (ranks + 2))
     ckpt_every = max(4, est_steps // rng.randint(4, 10))

@@ -63,6 +63,7 @@ class Burst:
         self.rng = rng
         self._items: list[tuple[float, int, str, bool]] = []
         self._procs: dict[object, Proc] = {}
+        self._tags: dict[int, object] = {}  # item index -> tag, for lines whose line number is wanted
 
     def proc(self, key: object, prefix: str, t: float) -> Proc:
         """The writer ``key`` (a rank, a node's launcher...), its clock moved on to at least ``t``.
@@ -77,24 +78,34 @@ class Burst:
             proc.t = max(proc.t, t)
         return proc
 
-    def add(self, t: float, line: str, root: bool = False) -> None:
+    def add(self, t: float, line: str, root: bool = False, tag: object = None) -> None:
+        """Queue ``line`` at time ``t``; a ``tag`` asks ``drain`` to report where the line landed."""
+        if tag is not None:
+            self._tags[len(self._items)] = tag
         self._items.append((t, len(self._items), line, root))
 
     @property
     def end(self) -> float:
         return max((item[0] for item in self._items), default=0.0)
 
-    def drain(self, sink: LineSink) -> float:
-        """Emit everything in time order; returns the time of the last line."""
+    def drain(self, sink: LineSink, marks: dict[object, int] | None = None) -> float:
+        """Emit everything in time order; returns the time of the last line.
+
+        ``marks`` (when given) receives tag -> 1-based line number of every tagged line.
+        """
         self._items.sort()
         last = 0.0
-        for t, _, line, root in self._items:
+        tags = self._tags
+        for t, index, line, root in self._items:
             if root:
                 sink.emit_root(line)
             else:
                 sink.emit(line)
+            if tags and marks is not None and index in tags:
+                marks[tags[index]] = sink.count
             last = t
         self._items.clear()
+        self._tags.clear()
         return last
 
 
