@@ -36,7 +36,8 @@ _NON_FATAL_AFTER_LINES = 20_000
 # How close after a lesser fault a graver one must come to be taken as its cause.
 _EXPLAIN_WINDOW_S = 900.0
 _EXPLAIN_WINDOW_LINES = 5_000
-_NEARBY_LINES = 20
+_NEARBY_LINES = 400
+_LAUNCHER_KINDS = frozenset({"signal_exit", "child_failed"})
 _WHOLE_NODE_FAILURES = frozenset({"node_failure"})  # every rank on the host went down with it
 _SEVERITY = {"critical": 0, "high": 1, "medium": 2, "low": 3}
 
@@ -263,16 +264,28 @@ def _culprits(
 
 def _named_nearby(winner: Finding, findings: list[Finding]) -> tuple[str | None, int | None]:
     """A root line that names nobody ("Detected 1 oom_kill event in StepId=...") is usually
-    flanked by a launcher line that does ("srun: error: node-14: task 10: Killed")."""
+    flanked by a launcher line that does ("srun: error: node-14: task 10: Killed"). Between them
+    may stand a few dozen lines of other ranks, some of them victims that say who *they* are."""
     line_no = winner.event.line_no
     near = [
         f for f in findings
-        if f is not winner and abs(f.event.line_no - line_no) <= _NEARBY_LINES and (f.hit.host or f.hit.rank is not None)
+        if f is not winner and abs(f.event.line_no - line_no) <= _NEARBY_LINES and _names_the_failed(f)
     ]
     if not near:
         return None, None
-    f = min(near, key=lambda f: abs(f.event.line_no - line_no))
+    f = min(near, key=lambda f: (f.event.kind not in _LAUNCHER_KINDS, abs(f.event.line_no - line_no)))
     return f.hit.host, f.hit.rank
+
+
+def _names_the_failed(f: Finding) -> bool:
+    """Whether a finding's host/rank is the failed process's: a launcher reporting a child's exit,
+    a rule that names it in the message, or a cause raised by the process itself (not a victim's
+    timeout or closed connection, whose prefix names the victim)."""
+    if f.hit.groups.get("host") or f.hit.groups.get("rank"):
+        return True
+    if f.event.kind in _LAUNCHER_KINDS or f.hit.role != Role.SYMPTOM:
+        return f.hit.host is not None or f.hit.rank is not None
+    return False
 
 
 def _rank_on_host(host: str, gpu: str | None, event: Event, summary: CompressionSummary) -> int | None:
