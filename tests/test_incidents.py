@@ -67,6 +67,8 @@ def test_seed_is_valid_and_covers_every_canonical_failure_type():
     assert len({i.id for i in items}) == len(items)
     covered = {i.failure_type for i in items}
     assert covered == ALL_FAILURE_TYPES - {"unknown"}
+    per_type = {ft: sum(i.failure_type == ft for i in items) for ft in covered}
+    assert min(per_type.values()) >= 2, per_type
     for i in items:
         assert 1 <= len(i.nearby) <= 5, i.id
         assert i.note, i.id

@@ -46,6 +46,10 @@ class RetrievalSettings(_Section):
     enabled: bool = True
     k: int = Field(5, ge=1, le=50)
     min_similarity: float = Field(0.55, ge=0, le=1)
+    temperature: float = Field(0.05, gt=0, description="softmax temperature of the neighbour vote")
+    root_weight: float = Field(0.7, ge=0, le=1, description="weight of the root template vs the whole context")
+    exception_bonus: float = Field(0.1, ge=0, le=1, description="similarity bonus when exception classes match")
+    index_path: Path | None = Field(None, description="FAISS index file; default beside the database")
 
 
 class LLMSettings(_Section):
@@ -55,7 +59,29 @@ class LLMSettings(_Section):
     model: str = "default"
     api_key: str = ""
     timeout_s: float = Field(30.0, gt=0)
-    cache_dir: Path = Path.home() / ".cache" / "logdx"
+    json_mode: bool = True
+    cache_dir: Path = Field(Path.home() / ".cache" / "logdx", description="the converted model goes here")
+    allow_convert: bool = True
+    threads: int = Field(0, ge=0, description="torch threads; 0 = by load")
+    max_candidates: int = Field(12, ge=2)
+    max_examples: int = Field(3, ge=0)
+    prompts_dir: Path | None = Field(None, description="default: the repository's prompts/")
+    always: bool = Field(False, description="run the LLM even when a precise rule decided")
+
+
+class FusionSettings(_Section):
+    """Weights of the stages when their votes are fused (see logdx/diagnose/fusion.py)."""
+
+    rules_precise: float = 1.0
+    rules_fallback: float = 0.35
+    retrieval: float = 0.6
+    llm_arbiter: float = 0.5
+    llm_advisor: float = 0.15
+    split_margin: float = 0.2
+    category_credit: float = 0.3
+    dissent_penalty: float = 0.5
+    min_support: float = 0.15
+    max_confidence: float = 0.99
 
 
 class StoreSettings(_Section):
@@ -120,6 +146,7 @@ class Settings(_Section):
     rules: RulesSettings = Field(default_factory=RulesSettings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
+    fusion: FusionSettings = Field(default_factory=FusionSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     alerts: AlertsSettings = Field(default_factory=AlertsSettings)

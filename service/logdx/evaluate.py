@@ -27,6 +27,7 @@ import argparse
 import json
 import re
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -97,15 +98,80 @@ def score_case(label: dict, report: Report) -> dict[str, bool | None]:
     }
 
 
-def evaluate(folder: Path, engine: Engine) -> list[CaseResult]:
+def evaluate(folder: Path, engine: Engine, *, leave_one_out: bool = True) -> list[CaseResult]:
     results = []
     for label in load_labels(folder):
+        if leave_one_out:
+            engine.diagnoser.exclude_incidents = tuple(same_incidents(engine, label))
         t0 = time.perf_counter()
         report = engine.diagnose_path(folder / f"{label['id']}.log")
         result = CaseResult(label["id"], label, report, seconds=time.perf_counter() - t0)
         result.correct = score_case(label, report)
         results.append(result)
     return results
+
+
+def same_incidents(engine: Engine, label: dict) -> list[str]:
+    """Incidents that are this very case (fed back earlier): left out while it is diagnosed, so
+    that the knowledge base cannot answer by remembering the test."""
+    if engine.incidents is None or not label.get("root_line"):
+        return []
+    from logdx.incidents import mask_text
+
+    want_line, want_template = _squash(label["root_line"]), mask_text(label["root_line"])
+    return [inc.id for inc in engine.incidents.list()
+            if _squash(inc.root_line) == want_line or inc.root_template == want_template]
+
+
+# -- stages: what retrieval and the LLM add to the rules ------------------------------------------------
+
+_STAGES = (
+    ("rules", False, False, False),
+    ("rules + retrieval", True, False, False),
+    ("rules + retrieval + LLM (cascade)", True, True, False),
+    ("rules + retrieval + LLM (always)", True, True, True),
+)
+
+
+def evaluate_stages(folder: Path, engine: Engine) -> list[dict[str, object]]:
+    """The same cases through each cascade; the models stay loaded between rows."""
+    d = engine.diagnoser
+    retrieval, llm = d.retrieval, d.llm
+    rows = []
+    for name, use_retrieval, use_llm, always in _STAGES:
+        if (use_retrieval and retrieval is None) or (use_llm and llm is None):
+            continue
+        d.retrieval, d.llm, d.llm_always = (retrieval if use_retrieval else None), (llm if use_llm else None), always
+        results = evaluate(folder, engine)
+        rows.append({"stages": name, "accuracy": summarize(results), "latency_ms": stage_latencies(results)})
+    d.retrieval, d.llm, d.llm_always = retrieval, llm, False
+    return rows
+
+
+def stage_latencies(results: list[CaseResult]) -> dict[str, dict[str, float]]:
+    per_stage: dict[str, list[float]] = {}
+    for r in results:
+        for key, ms in r.report.timings_ms.items():
+            if key.startswith("diagnose."):
+                per_stage.setdefault(key.split(".", 1)[1], []).append(ms)
+    return {stage: {"median": round(statistics.median(v), 1), "p95": round(_p95(v), 1), "n": len(v)}
+            for stage, v in per_stage.items()}
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+
+
+def print_stages(rows: list[dict[str, object]], load_s: dict[str, float]) -> None:
+    fields = ("category", "action", "failure_type", "root_line")
+    print("\n| stages | " + " | ".join(fields) + " | latency per stage, median / p95 (ms) |")
+    print("|---|" + "---|" * len(fields) + "---|")
+    for row in rows:
+        acc = row["accuracy"]
+        lat = ", ".join(f"{k} {v['median']:.0f}/{v['p95']:.0f} (n={v['n']})" for k, v in row["latency_ms"].items())
+        print(f"| {row['stages']} | " + " | ".join(f"{acc[f]['accuracy']:.3f}" for f in fields) + f" | {lat} |")
+    print("model load (s): " + ", ".join(f"{k} {v:.1f}" for k, v in load_s.items()))
 
 
 # -- buried runs -------------------------------------------------------------------------------------
@@ -274,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="also write the figures as JSON here")
     p.add_argument("--no-llm", action="store_true")
     p.add_argument("--no-retrieval", action="store_true")
+    p.add_argument("--stages", action="store_true",
+                   help="also compare rules / + retrieval / + LLM (leave-one-out), with per-stage latency")
     p.add_argument("--bury", type=int, default=0, metavar="N",
                    help="also bury each case N times in a long multi-rank job with a cascade, and score those")
     p.add_argument("--bury-lines", type=int, default=30000, help="length of each buried log (default 30000)")
@@ -287,7 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_settings()
     settings.llm.enabled = settings.llm.enabled and not args.no_llm
     settings.retrieval.enabled = settings.retrieval.enabled and not args.no_retrieval
+    t0 = time.perf_counter()
     engine = Engine.create(settings)
+    load_s = {stage: round(sec, 2) for stage, sec in engine.warm_up().items()}
+    load_s["engine_total"] = round(time.perf_counter() - t0, 2)
     results = evaluate(args.folder, engine)
     table = summarize(results)
     print_table(f"{len(results)} cases from {args.folder}", table)
@@ -295,8 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     if misses:
         print("\nmisses:")
         print("\n".join(misses))
-    figures: dict[str, object] = {"cases": len(results), "accuracy": table,
+    figures: dict[str, object] = {"cases": len(results), "accuracy": table, "model_load_s": load_s,
                                   "runs": [result_record(r) for r in results]}
+    if args.stages:
+        rows = evaluate_stages(args.folder, engine)
+        print_stages(rows, load_s)
+        figures["stages"] = rows
     if args.bury > 0:
         workdir = args.bury_dir or Path(tempfile.mkdtemp(prefix="logdx-bury-"))
         workdir.mkdir(parents=True, exist_ok=True)

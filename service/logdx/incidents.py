@@ -45,7 +45,7 @@ __all__ = [
 
 SEED_PATH = Path(__file__).resolve().parent / "kb" / "seed_incidents.jsonl"
 CulpritKind = Literal["node", "gpu", "rank", "none"]
-Source = Literal["seed", "feedback", "import"]
+Source = Literal["seed", "feedback", "import", "manual"]  # manual: added by hand (CLI, API)
 _MAX_TEMPLATES = 8  # as many as FailureContext.as_query() embeds
 _MAX_LINE = 2000
 
@@ -349,7 +349,7 @@ class IncidentStore:
         data = json.loads(report) if isinstance(report, str) else report
         if not isinstance(data, dict):
             raise IncidentError("a report is a JSON object")
-        report_id = str(data.get("report_id") or _new_id("rep"))
+        report_id = str(data.get("report_id") or data.get("id") or _new_id("rep"))
         ctx = None
         if context is not None:
             ctx = json.dumps(

@@ -215,3 +215,5 @@ class Diagnosis:
     hint: str = ""
     votes: list[StageVote] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    context: FailureContext | None = None  # what retrieval and the LLM saw; kept with the report
+    stage_ms: dict[str, float] = field(default_factory=dict)  # time spent in each diagnosis stage

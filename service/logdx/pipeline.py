@@ -17,8 +17,13 @@ from logdx.compress import CompressConfig, Compressor
 from logdx.config import Settings
 from logdx.detect import DetectConfig, Detector
 from logdx.diagnose import Diagnoser
+from logdx.diagnose.fusion import FusionWeights
+from logdx.diagnose.llm import LLMConfig, make_llm
+from logdx.diagnose.retrieval import RetrievalConfig, Retriever
 from logdx.diagnose.rules import RuleSet, default_rules_dir, load_rules
-from logdx.model import Event, Role
+from logdx.incidents import IncidentStore
+from logdx.model import Event, FailureContext, Role
+from logdx.store import open_db
 from logdx.normalize import Normalizer, Source, iter_lines, open_input
 
 
@@ -27,22 +32,68 @@ class Engine:
     settings: Settings
     rules: RuleSet
     diagnoser: Diagnoser
+    incidents: IncidentStore | None = None  # past incidents and stored reports (None: rules only)
 
     @classmethod
-    def create(cls, settings: Settings, extra_rule_dirs: Sequence[Path] = ()) -> Engine:
+    def create(
+        cls,
+        settings: Settings,
+        extra_rule_dirs: Sequence[Path] = (),
+        *,
+        incidents: IncidentStore | None = None,
+        warm: bool = False,
+    ) -> Engine:
+        """Load rules, and the incident store, retrieval and LLM stages that the settings enable.
+
+        Models load lazily at the first diagnosis that needs them; `warm=True` loads them now
+        (a server wants to be ready before its first request, a CLI run on a healthy log never
+        needs them)."""
         dirs = [default_rules_dir(), *settings.rules.dirs, *extra_rule_dirs]
         rules = load_rules(dirs)
-        return cls(settings=settings, rules=rules, diagnoser=Diagnoser(rules=rules))
+        diagnoser = Diagnoser(rules=rules, weights=FusionWeights.from_settings(settings.fusion),
+                              llm_always=settings.llm.always)
+        if incidents is None and (settings.retrieval.enabled or settings.llm.enabled):
+            incidents = IncidentStore(open_db(settings.store.path))
+        if settings.retrieval.enabled and incidents is not None:
+            diagnoser.retrieval = Retriever(incidents, RetrievalConfig.from_settings(settings.retrieval))
+        if settings.llm.enabled:
+            examples = diagnoser.retrieval.examples if diagnoser.retrieval is not None else None
+            diagnoser.llm = make_llm(LLMConfig.from_settings(settings.llm), examples=examples)
+        engine = cls(settings=settings, rules=rules, diagnoser=diagnoser, incidents=incidents)
+        if warm:
+            engine.warm_up()
+        return engine
+
+    def warm_up(self) -> dict[str, float]:
+        """Load the models now; returns seconds per stage."""
+        took: dict[str, float] = {}
+        retrieval, llm = self.diagnoser.retrieval, self.diagnoser.llm
+        if retrieval is not None:
+            t0 = time.perf_counter()
+            retrieval.ensure_index()
+            took["retrieval"] = time.perf_counter() - t0
+        if llm is not None and hasattr(llm, "load"):
+            t0 = time.perf_counter()
+            llm.load()
+            took["llm"] = time.perf_counter() - t0
+        return took
+
+    def remember(self, report: Report, context: FailureContext | None) -> None:
+        """Store a report (with the masked context it was made from) so feedback can learn from it."""
+        if self.incidents is not None:
+            self.incidents.save_report(report.model_dump(mode="json"), context=context)
 
     def new_session(self) -> Session:
         return Session(self)
 
-    def diagnose_path(self, path: str | Path) -> Report:
-        """Diagnose a whole file (or `-` for stdin) in one streaming pass."""
+    def diagnose_path(self, path: str | Path, *, with_context: bool = False):  # noqa: ANN201
+        """Diagnose a whole file (or `-` for stdin) in one streaming pass; with `with_context`,
+        also the masked failure context (what `remember` stores for feedback)."""
         session = self.new_session()
         with open_input(path) as f:
             session.feed_lines(iter_lines(f, self.settings.input.max_line_bytes))
-        return session.report()
+        report = session.report()
+        return (report, session.last_context) if with_context else report
 
 
 @dataclass
@@ -67,6 +118,7 @@ class Session:
         self.events: list[Event] = []
         self.root_cause_events: list[Event] = []  # events a root-cause rule matched, as they came
         self.finished = False
+        self.last_context: FailureContext | None = None  # of the last diagnosis, for `remember`
         self._normalize_s = 0.0
         self._compress_s = 0.0
 
@@ -116,8 +168,10 @@ class Session:
         t0 = time.perf_counter()
         summary = self._summary()
         diagnosis = self.engine.diagnoser.diagnose(self.events, summary, self.compressor.templates(), exit_code)
+        self.last_context = diagnosis.context
         timings = {"read": self._normalize_s * 1000, "compress": self._compress_s * 1000}
         timings["diagnose"] = (time.perf_counter() - t0) * 1000
+        timings.update({f"diagnose.{stage}": ms for stage, ms in diagnosis.stage_ms.items()})
         return build_report(diagnosis, summary, timings)
 
     def _summary(self):  # noqa: ANN202 - CompressionSummary

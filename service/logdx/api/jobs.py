@@ -39,7 +39,7 @@ from logdx.api.metrics import Metrics
 from logdx.api.spool import DATA, END, InstanceLock, Spool, decode_runs, encode_runs
 from logdx.config import Settings
 from logdx.incidents import IncidentStore
-from logdx.model import TemplateStats
+from logdx.model import FailureContext, TemplateStats
 from logdx.normalize import Source
 from logdx.pipeline import Engine, Session
 from logdx.store import Database, migrate
@@ -524,7 +524,7 @@ class JobManager:
             if not changed and kind != "final":
                 job.diagnosis_key = key
                 return
-            self.save_report(report)
+            self.save_report(report, job.session.last_context if job.session is not None else None)
             conn.execute(
                 "INSERT OR REPLACE INTO api_job_reports(report_id, job_id, kind, created_at, diagnosis_key)"
                 " VALUES (?,?,?,?,?)", (report.id, job.id, kind, now, key))
@@ -577,10 +577,9 @@ class JobManager:
 
     # -- reports ------------------------------------------------------------------------------
 
-    def save_report(self, report: Report) -> None:
-        data = report.model_dump(mode="json")
-        data["report_id"] = report.id  # IncidentStore.save_report keys reports by "report_id"
-        self.incidents.save_report(data)
+    def save_report(self, report: Report, context: FailureContext | None = None) -> None:
+        """Stored with the masked failure context, so that feedback on it teaches retrieval."""
+        self.incidents.save_report(report.model_dump(mode="json"), context=context)
 
     def get_report(self, report_id: str) -> Report | None:
         if not report_id:

@@ -237,7 +237,7 @@ async def diagnose(
         return Response(status_code=400)  # nobody is listening
     services.metrics.lines.labels(fmt_.value).inc(session.normalizer.line_no)
     report = await services.run(lambda: session.report(exit_code=exit_code, final=True))
-    await services.run(services.jobs.save_report, report)
+    await services.run(services.jobs.save_report, report, session.last_context)
     services.metrics.reports.labels("oneshot", report.status, report.category or "none").inc()
     services.metrics.stage.labels("diagnose").observe(report.timings_ms.get("diagnose", 0.0) / 1000)
     return report

@@ -95,7 +95,9 @@ class Services:
         t0 = time.perf_counter()
         try:
             if engine is None:
-                engine = await anyio.to_thread.run_sync(Engine.create, self.settings)
+                engine = await anyio.to_thread.run_sync(
+                    lambda: Engine.create(self.settings, incidents=self.incidents, warm=True)
+                )
         except Exception as e:  # noqa: BLE001 - reported by /readyz, logged here
             log.exception("the engine failed to load")
             self.startup_error = f"{type(e).__name__}: {e}"
