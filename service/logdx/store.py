@@ -81,6 +81,8 @@ class Database:
         return str(self.query_value("PRAGMA journal_mode"))
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
+        """One statement, for writes (the cursor gives ``rowcount``/``lastrowid``). Read rows with
+        ``query``: fetching from this cursor later would happen outside the lock."""
         with self.lock:
             return self._conn.execute(sql, params)
 
