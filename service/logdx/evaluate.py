@@ -142,6 +142,8 @@ def evaluate_stages(folder: Path, engine: Engine) -> list[dict[str, object]]:
         if (use_retrieval and retrieval is None) or (use_llm and llm is None):
             continue
         d.retrieval, d.llm, d.llm_always = (retrieval if use_retrieval else None), (llm if use_llm else None), always
+        if retrieval is not None and hasattr(retrieval, "_query_cache"):
+            retrieval._query_cache.clear()  # time real embeddings, not the previous row's cache
         results = evaluate(folder, engine)
         rows.append({"stages": name, "accuracy": summarize(results), "latency_ms": stage_latencies(results)})
     d.retrieval, d.llm, d.llm_always = retrieval, llm, False
@@ -169,7 +171,7 @@ def print_stages(rows: list[dict[str, object]], load_s: dict[str, float]) -> Non
     print("|---|" + "---|" * len(fields) + "---|")
     for row in rows:
         acc = row["accuracy"]
-        lat = ", ".join(f"{k} {v['median']:.0f}/{v['p95']:.0f} (n={v['n']})" for k, v in row["latency_ms"].items())
+        lat = ", ".join(f"{k} {v['median']:.1f}/{v['p95']:.1f} (n={v['n']})" for k, v in row["latency_ms"].items())
         print(f"| {row['stages']} | " + " | ".join(f"{acc[f]['accuracy']:.3f}" for f in fields) + f" | {lat} |")
     print("model load (s): " + ", ".join(f"{k} {v:.1f}" for k, v in load_s.items()))
 
