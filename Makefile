@@ -39,6 +39,10 @@ BURY ?= 3
 eval-buried: $(STAMP)
 	$(PY) -m logdx.evaluate $(SHARED)/failures-dev --bury $(BURY)
 
+bench: $(STAMP)
+	@mkdir -p bench-results
+	$(PY) bench/bench_compress.py --json bench-results/compress.json
+
 bench-serve: $(STAMP)
 	@mkdir -p bench-results
 	$(PY) bench/bench_serve.py --lines 1000000 --streams 64 --jobs 10 --json bench-results/serve.json

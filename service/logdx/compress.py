@@ -32,29 +32,72 @@ from logdx.patterns import (
 
 
 # Words that make a line worth keeping whole. Judged on the masked line, once per distinct line.
-_ERROR_WORDS = re.compile(
-    r"error|exception|traceback|fail|fatal|abort|kill|sigterm|sigkill|sigabrt|sigsegv|sigbus|"
-    r"segmentation|signal|exitcode|exit code|exit status|xid|nvrm|ecc|timeout|"
-    r"timed out|out of memory|oom|warn|refused|reset by peer|broken pipe|unreachable|no space|"
-    r"denied|not found|no such|cannot|can't|unable|invalid|mismatch|corrupt|panic|critical|"
-    r"assert|unexpected|lost|terminat|cancel|preempt|stale|hang|stuck|illegal|uncorrectable|"
-    r"nvlink|retry|rev ff|does not exist|not compatible|unrecognized|required|deprecat|"
-    r"\bno attribute\b|not defined|undefined|interrupt|core dumped|nccl (?:warn|error)|"
-    r"slurmstepd|srun: |shm|bus error|unhealthy|degraded|throttl",
-    re.IGNORECASE,
+_ERROR_WORD_LIST = (
+    "error", "exception", "traceback", "fail", "fatal", "abort", "kill", "sigterm", "sigkill", "sigabrt", "sigsegv",
+    "sigbus", "segmentation", "signal", "exitcode", "exit code", "exit status", "xid", "nvrm", "ecc", "timeout",
+    "timed out", "out of memory", "oom", "warn", "refused", "reset by peer", "broken pipe", "unreachable", "no space",
+    "denied", "not found", "no such", "cannot", "can't", "unable", "invalid", "mismatch", "corrupt", "panic", "critical",
+    "assert", "unexpected", "lost", "terminat", "cancel", "preempt", "stale", "hang", "stuck", "illegal", "uncorrectable",
+    "nvlink", "retry", "rev ff", "does not exist", "not compatible", "unrecognized", "required", "deprecat",
+    r"\bno attribute\b", "not defined", "undefined", "interrupt", "core dumped", "nccl (?:warn|error)",
+    "slurmstepd", "srun: ", "shm", "bus error", "unhealthy", "degraded", "throttl",
 )
+_ERROR_WORDS = re.compile("|".join(_ERROR_WORD_LIST), re.IGNORECASE)
+_PROGRESS_WORDS = re.compile(r"\b(?:iter(?:ation)?|step|epoch|loss|it/s|samples/s|tokens/s)\b", re.IGNORECASE)
+
+
+def _first_letter_alternation(alternatives: tuple[str, ...]) -> str:
+    """The same alternation grouped by first letter ("e(?:rror|xception)|..."): a regex without
+    IGNORECASE then only tries the words that can start at a position, not all of them."""
+    groups: dict[str, list[str]] = {}
+    for alt in alternatives:
+        head = alt[0] if alt[0].isalpha() else alt  # escapes and the like stay whole
+        groups.setdefault(head, []).append(alt[1:] if head != alt else "")
+    return "|".join(head if rests == [""] else f"{head}(?:{'|'.join(rests)})" for head, rests in groups.items())
+
+
+# Case-insensitive matching is slow in Python's regex engine (~60 µs on a 150-character line for
+# _ERROR_WORDS). On ASCII text - nearly every line - IGNORECASE is the same as matching the lower-cased
+# text with a lower-case pattern; text with other characters keeps the IGNORECASE pattern (it also
+# folds some of them onto ASCII letters: "ſ" onto "s", the Kelvin sign onto "k").
+_ERROR_WORDS_LOWER = re.compile(_first_letter_alternation(_ERROR_WORD_LIST))
+_PROGRESS_WORDS_LOWER = re.compile(_PROGRESS_WORDS.pattern)
+assert all(a == a.lower() for a in _ERROR_WORD_LIST) and _PROGRESS_WORDS.pattern == _PROGRESS_WORDS.pattern.lower()
+
+
+def _has_error_word(masked: str) -> bool:
+    if masked.isascii():
+        return _ERROR_WORDS_LOWER.search(masked.lower()) is not None
+    return _ERROR_WORDS.search(masked) is not None
+
+
+def _has_progress_word(masked: str) -> bool:
+    if masked.isascii():
+        return _PROGRESS_WORDS_LOWER.search(masked.lower()) is not None
+    return _PROGRESS_WORDS.search(masked) is not None
+
+
 _DIGITS = b"0123456789"
+_TRACEBACK_START_BYTES = TRACEBACK_START.encode()
 # NCCL's communicator init line ties a rank to its host, process, CUDA device and PCI bus.
 _NCCL_COMM = re.compile(r"NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nr?[Rr]anks \d+ cudaDev (\d+)(?: nvmlDev \d+)? busId ([0-9a-fA-F]+)")
-_PROGRESS_WORDS = re.compile(r"\b(?:iter(?:ation)?|step|epoch|loss|it/s|samples/s|tokens/s)\b", re.IGNORECASE)
 # Matched at the position of the word "loss": "loss 2.31", "lm loss: 2.3E+00", "loss=nan".
 _LOSS_VALUE = re.compile(r"loss\b['\"]?[\s:=|]+(nan|-?inf|[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.IGNORECASE)
 
 @dataclass(slots=True)
 class CompressConfig:
-    drain_depth: int = 4
-    drain_sim_th: float = 0.4
+    # Drain's prefix-tree depth and similarity threshold. On loghub-2k (bench/bench_compress.py) depth 5 /
+    # 0.75 with `drain_match_params` groups best: average GA 0.87, against 0.75 at drain3's 4 / 0.4.
+    # (The pipeline passes its own, from config.CompressSettings.)
+    drain_depth: int = 5
+    drain_sim_th: float = 0.75
     drain_max_children: int = 100
+    # Count a template's wildcards as matching when comparing a line with it (drain3's `include_params`,
+    # which its own `match()` uses). Without it a line whose variables were masked scores low against
+    # its own template (each <*> counts as a mismatch), so masking splits templates. With it every
+    # similarity is higher, so it only suits a strict threshold: None (default) turns it on when
+    # drain_sim_th >= 0.6 (a permissive threshold would then merge templates that differ in a word).
+    drain_match_params: bool | None = None
     max_templates: int = 20_000  # beyond this, new templates share one overflow bucket
     max_kept_lines: int = 100_000  # hard budget for lines kept in full
     kept_per_error_template: int = 64
@@ -65,6 +108,21 @@ class CompressConfig:
     mask_cache_size: int = 200_000
     max_ids_per_template: int = 4096  # ranks / hosts remembered per template
 
+    @property
+    def match_params(self) -> bool:
+        return self.drain_sim_th >= 0.6 if self.drain_match_params is None else self.drain_match_params
+
+
+class _Drain(Drain):
+    """drain3's Drain core; optionally counting a template's wildcards as matching in `add_log_message`."""
+
+    def __init__(self, *, match_params: bool = False, **kwargs) -> None:  # noqa: ANN003
+        super().__init__(**kwargs)
+        self.match_params = match_params
+
+    def tree_search(self, root_node, tokens, sim_th, include_params):  # noqa: ANN001, ANN201 - drain3's signature
+        return super().tree_search(root_node, tokens, sim_th, include_params or self.match_params)
+
 
 @dataclass(slots=True)
 class _Shape:
@@ -74,6 +132,11 @@ class _Shape:
     error: bool
     progress: bool
     topology: bool = False  # an NCCL init line: which rank drives which GPU
+    stats: TemplateStats | None = None  # the template's statistics (saves a lookup per line)
+    # Whether the line's text can hold these words at all, known from the shape: a word without digits
+    # that is in the text is in its digit-free key too, so a key without it rules the word out.
+    loss: bool = True  # "loss" / "Loss": where a loss value is read
+    traceback: bool = True  # TRACEBACK_START
 
 
 @dataclass(slots=True)
@@ -97,10 +160,12 @@ class Compressor:
 
     def __post_init__(self) -> None:
         c = self.config
-        self._drain = Drain(depth=c.drain_depth, sim_th=c.drain_sim_th, max_children=c.drain_max_children)
+        self._drain = _Drain(depth=c.drain_depth, sim_th=c.drain_sim_th, max_children=c.drain_max_children,
+                             match_params=c.match_params)
         self._shapes: dict[bytes, _Shape] = {}
         self._stats: dict[int, TemplateStats] = {}
         self._sources: dict[str, _SourceState] = {}
+        self._rank_keys: dict[int, str] = {}  # rank -> its source key
         self._kept_ids: set[int] = set()  # line numbers kept, so the tail does not repeat them
         self.lines_in = 0
         self.lines_kept = 0
@@ -123,39 +188,68 @@ class Compressor:
         self.lines_in += 1
         # Lines that differ only in their digits share a shape: deleting digits from the bytes is
         # ten times cheaper than masking, so the regex runs once per shape, not once per line.
-        key = rec.text.encode("utf-8", "surrogatepass").translate(None, _DIGITS)
+        text = rec.text
+        key = text.encode("utf-8", "surrogatepass").translate(None, _DIGITS)
         shape = self._shapes.get(key)
         if shape is None:
-            shape = self._new_shape(key, MASK.sub(PARAM, rec.text), rec.text)
-        stats = self._stats[shape.template_id]
+            shape = self._new_shape(key, MASK.sub(PARAM, text), text)
+        stats = shape.stats
+        line_no = rec.line_no
         stats.count += 1
-        stats.last_line = rec.line_no
-        self._note_origin(rec, stats)
+        stats.last_line = line_no
+        # Who emitted it, and when.
+        if stats.count == 1:
+            stats.first_line = line_no
+            stats.sample = rec.raw
+        rank, host, ts = rec.rank, rec.host, rec.ts
+        if rank is not None or host is not None:
+            self._note_origin(rank, host, stats)
+        if ts is not None:
+            if self._first_ts is None:
+                self._first_ts = ts
+            # The time the log reached, by line order: a max would let one mis-dated line (a stamp
+            # without a year, an skewed host) stretch the log by months.
+            self._last_ts = ts
         if shape.topology:
             self._note_topology(rec)
-        src = self._source(rec.source_key)
-        loss_anomaly = shape.progress and self._note_progress(rec, src)
-        reason = self._keep_reason(rec, shape, stats, src, loss_anomaly)
-        if reason is None:
-            src.tail.append(rec)
-            return []
-        return [self._keep(rec, stats, reason)]
+        if rank is not None:
+            # Record.source_key is "r<rank>" whenever the rank is known: built once per rank.
+            source_key = self._rank_keys.get(rank)
+            if source_key is None:
+                source_key = rec.source_key
+                if len(self._rank_keys) < self.config.max_sources:
+                    self._rank_keys[rank] = source_key
+        else:
+            source_key = rec.source_key
+        src = self._source(source_key)
+        loss_anomaly = shape.progress and self._note_progress(rec, src, source_key, shape.loss)
+        if (src.in_traceback or src.after_exception or shape.traceback or loss_anomaly or shape.error
+                or stats.count <= self.config.first_lines_per_template):
+            reason = self._keep_reason(rec, shape, stats, src, loss_anomaly)
+            if reason is not None:
+                return [self._keep(rec, stats, reason)]
+        # The common case: a line like many before it, remembered only in its source's tail.
+        src.tail.append(rec)
+        return []
 
     def _new_shape(self, key: bytes, masked: str, text: str) -> _Shape:
         if len(self._shapes) >= self.config.mask_cache_size:
             self._shapes.clear()
         template_id = self._template_for(masked)
-        error = bool(_ERROR_WORDS.search(masked)) or (self.also_error is not None and self.also_error(text))
+        error = _has_error_word(masked) or (self.also_error is not None and self.also_error(text))
         shape = _Shape(
             template_id=template_id,
             error=error,
             # "*** STEP 42 CANCELLED ***" names a step but is no progress. (NaN losses are found by
             # value, not by word, so Megatron's "number of nan iterations: 0" stays progress.)
-            progress=not error and bool(_PROGRESS_WORDS.search(masked)),
+            progress=not error and _has_progress_word(masked),
             topology="NCCL INFO comm" in masked and "busId" in masked,
         )
+        shape.stats = self._stats[template_id]
+        shape.loss = b"loss" in key or b"Loss" in key
+        shape.traceback = _TRACEBACK_START_BYTES in key
         if shape.error:
-            self._stats[template_id].error_bearing = True
+            shape.stats.error_bearing = True
         self._shapes[key] = shape
         return shape
 
@@ -171,29 +265,20 @@ class Compressor:
             self._stats[cid] = TemplateStats(template_id=cid, template=cluster.get_template())
         return cid
 
-    def _note_origin(self, rec: Record, stats: TemplateStats) -> None:
-        if stats.count == 1:
-            stats.first_line = rec.line_no
-            stats.sample = rec.raw
+    def _note_origin(self, rank: int | None, host: str | None, stats: TemplateStats) -> None:
         cap = self.config.max_ids_per_template
-        if rec.rank is not None:
-            if rec.rank > self._max_rank:
-                self._max_rank = rec.rank
+        if rank is not None:
+            if rank > self._max_rank:
+                self._max_rank = rank
             if len(stats.ranks) < cap:
-                stats.ranks.add(rec.rank)
-        if rec.host is not None:
-            if rec.rank is not None and rec.rank not in self._rank_hosts and len(self._rank_hosts) < cap:
-                self._rank_hosts[rec.rank] = rec.host
+                stats.ranks.add(rank)
+        if host is not None:
+            if rank is not None and rank not in self._rank_hosts and len(self._rank_hosts) < cap:
+                self._rank_hosts[rank] = host
             if len(self._hosts) < cap:
-                self._hosts.add(rec.host)
+                self._hosts.add(host)
             if len(stats.hosts) < cap:
-                stats.hosts.add(rec.host)
-        if rec.ts is not None:
-            if self._first_ts is None:
-                self._first_ts = rec.ts
-            # The time the log reached, by line order: a max would let one mis-dated line (a stamp
-            # without a year, an skewed host) stretch the log by months.
-            self._last_ts = rec.ts
+                stats.hosts.add(host)
 
     def _note_topology(self, rec: Record) -> None:
         m = _NCCL_COMM.search(rec.text)
@@ -266,11 +351,11 @@ class Compressor:
 
     # -- progress: what stalls and loss anomalies are judged by -----------------------------------
 
-    def _note_progress(self, rec: Record, src: _SourceState) -> bool:
+    def _note_progress(self, rec: Record, src: _SourceState, source_key: str, has_loss: bool) -> bool:
         """Track step timing and the loss; True when the loss is NaN/inf or spikes."""
         self._progress_lines += 1
         self.last_progress = rec
-        self._last_progress_line[rec.source_key] = rec.line_no
+        self._last_progress_line[source_key] = rec.line_no
         ts = rec.ts
         if ts is not None:
             if src.last_progress_ts is not None and ts > src.last_progress_ts:
@@ -279,12 +364,14 @@ class Compressor:
             src.last_progress_ts = ts
             if self._last_progress_ts is None or ts > self._last_progress_ts:
                 self._last_progress_ts = ts
+        if not has_loss:
+            return False
         value = _loss_value(rec.text)
         if value is None:
             return False
         if value != value or abs(value) == float("inf"):
             return True
-        self._last_finite_loss_line[rec.source_key] = rec.line_no
+        self._last_finite_loss_line[source_key] = rec.line_no
         if src.loss_ema is None:
             src.loss_ema, src.loss_seen = value, 1
             return False
@@ -315,6 +402,12 @@ class Compressor:
             if stats is not None:
                 stats.template = cluster.get_template()
         return sorted(self._stats.values(), key=lambda s: s.first_line)
+
+    def template_id_of(self, text: str) -> int | None:
+        """The template id `add()` gave the lines of this message's shape; None if never seen (or if
+        its shape was evicted from the cache since). For benchmarks and tests: costs nothing in `add()`."""
+        shape = self._shapes.get(text.encode("utf-8", "surrogatepass").translate(None, _DIGITS))
+        return None if shape is None else shape.template_id
 
     def template_text(self, template_id: int) -> str:
         stats = self._stats.get(template_id)

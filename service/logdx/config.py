@@ -25,8 +25,8 @@ class InputSettings(_Section):
 
 
 class CompressSettings(_Section):
-    drain_depth: int = Field(4, ge=3)
-    drain_sim_th: float = Field(0.4, gt=0, le=1)
+    drain_depth: int = Field(5, ge=3)
+    drain_sim_th: float = Field(0.75, gt=0, le=1)
     max_templates: int = Field(20_000, ge=100)
     max_kept_lines: int = Field(100_000, ge=1000)
     kept_per_error_template: int = Field(64, ge=1)
