@@ -115,3 +115,11 @@ def test_open_input_errors_are_input_errors(tmp_path):
         open_input(tmp_path / "missing.log")
     with pytest.raises(InputError, match="directory"):
         open_input(tmp_path)
+
+
+def test_srun_task_labels_are_not_ranks_once_torchrun_ranks_appear_inside_them():
+    n = Normalizer()
+    assert n.normalize("3: iteration 1").rank == 3  # plain `srun -l python train.py`: the task is the rank
+    assert n.normalize("5: [rank44]: iteration 3").rank == 44  # `srun -l torchrun ...`: one task per node
+    agent = n.normalize("5: W0419 12:00:01.000000 77 api.py:704] Sending process 1 closing signal SIGTERM")
+    assert agent.rank is None and agent.text.startswith("W0419")

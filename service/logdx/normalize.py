@@ -98,6 +98,8 @@ _P_SHELL = 9  # (op, host_start, host_end): a shell prompt names the session's h
 _P_INNER_ISO = 10  # like _P_ISO, for a stamp inside the message (does not set the year)
 _P_GLOG = 11  # (op, mon_s, mon_e, day_s, hh_s, mm_s, ss_s, frac_s, frac_e)
 _P_MESSAGE_RANK = 12  # (op, start, end)
+_P_SRUN = 13  # (op, start, end): srun -l's task label: the rank, unless srun runs one task per node
+_P_NESTED = 14  # (op,): this line has a task label and a rank prefix: task labels are nodes, not ranks
 
 
 @dataclass(slots=True)
@@ -147,6 +149,7 @@ class Normalizer:
         self._year = datetime.now(timezone.utc).year
         # A pasted terminal session names its host once, in the prompt.
         self._session_host: str | None = None
+        self._srun_labels_nodes = False
         # line with its digits read as 0 -> how to peel it (see _plan)
         self._plans: dict[bytes, tuple[tuple[tuple, ...], int]] = {}
         self._cache_limit = min(max_line_bytes, _PLAN_MAX_BYTES)
@@ -196,6 +199,13 @@ class Normalizer:
             op = step[0]
             if op == _P_RANK:
                 rec.rank = int(line[step[1]:step[2]])
+            elif op == _P_SRUN:
+                if not self._srun_labels_nodes:
+                    rec.rank = int(line[step[1]:step[2]])
+            elif op == _P_NESTED:
+                # `srun -l torchrun ...`: "5: [rank44]: ..." - srun's label numbers the node's task, so
+                # on the agent's own lines ("5: Sending process ...") it is no rank either.
+                self._srun_labels_nodes = True
             elif op == _P_ISO:
                 if not rec.ts:
                     rec.ts = self._iso(line, step, True)
@@ -323,7 +333,7 @@ class Normalizer:
                     steps.append(_iso_step(_P_ISO, m, at))
                     ts = True
                 elif not rank:
-                    steps.append((_P_RANK, at + m.start("label"), at + m.end("label")))
+                    steps.append((_P_SRUN, at + m.start("label"), at + m.end("label")))
                     rank = True
                 else:
                     break
@@ -333,7 +343,7 @@ class Normalizer:
                 m = _SPACE_PREFIX.match(text)
                 if m is None:
                     break
-                steps.append((_P_RANK, at + m.start("label"), at + m.end("label")))
+                steps.append((_P_SRUN, at + m.start("label"), at + m.end("label")))
                 rank = True
             elif c in "MTWFS" and (m := _CTIME.match(text)):
                 steps.append((_P_CTIME, _MONTHS.get(m.group(1), 1), at + m.start(2), at + m.end(2), at + m.start(3),
@@ -388,6 +398,9 @@ class Normalizer:
             m = _MESSAGE_RANK.search(text, 0, 160)
             if m:
                 steps.append((_P_MESSAGE_RANK, at + m.start(1), at + m.end(1)))
+        ops = {step[0] for step in steps}
+        if _P_SRUN in ops and (_P_RANK in ops or _P_MPI in ops):
+            steps.insert(0, (_P_NESTED,))
         return tuple(steps), at
 
 
