@@ -51,7 +51,7 @@ from logdx.config import load_settings  # noqa: E402
 from logdx.diagnose.rules import default_rules_dir, load_rules  # noqa: E402
 from logdx.model import Record  # noqa: E402
 from logdx.normalize import Normalizer, iter_lines, open_input  # noqa: E402
-from logdx.patterns import MASK_ALTERNATIVES, MASK_GUARD  # noqa: E402
+from logdx.patterns import MASK_ALTERNATIVES, MASK_AT_START, MASK_GUARD  # noqa: E402
 
 CACHE = REPO / ".cache" / "bench"
 LOGHUB = Path(os.environ.get("LOGHUB_DIR", REPO.parent / "shared" / "data" / "loghub-2k"))
@@ -90,6 +90,7 @@ def stock_drain3(config: CompressConfig) -> TemplateMiner:
     c.drain_sim_th = config.drain_sim_th
     c.drain_max_children = config.drain_max_children
     c.masking_instructions = [MaskingInstruction(f"{MASK_GUARD}(?:{p})", "*") for _, p in MASK_ALTERNATIVES]
+    c.masking_instructions.append(MaskingInstruction(MASK_AT_START, "*"))
     c.mask_prefix, c.mask_suffix = "<", ">"  # masks read "<*>", as logdx's do
     return TemplateMiner(config=c)
 
@@ -278,10 +279,10 @@ def bench_ga(datasets: list[loghub.Dataset]) -> dict:
     rows = {}
     for d in datasets:
         compressor, miner, classic = logdx_compressor(), stock_drain3(config), stock_drain3(DRAIN3_DEFAULTS)
-        ours = []
         for i, text in enumerate(d.content, 1):
             compressor.add(Record(line_no=i, raw=text, text=text))
-            ours.append(compressor.template_id_of(text))
+        # Each line's group once all lines are in (`template_id_of` reports the merged template groups).
+        ours = [compressor.template_id_of(text) for text in d.content]
         theirs = [miner.add_log_message(text)["cluster_id"] for text in d.content]
         theirs_classic = [classic.add_log_message(text)["cluster_id"] for text in d.content]
         rows[d.name] = {"logdx": loghub.grouping_accuracy(d.truth, ours),

@@ -102,3 +102,41 @@ def test_template_count_is_bounded():
     lines = [f"unique message number{chr(65 + i % 26)}{i} word{i}x" for i in range(3000)]
     c, _ = _feed(lines, CompressConfig(max_templates=100))
     assert len(c.templates()) <= 101
+
+
+def test_host_port_at_the_start_is_masked_like_an_ip():
+    assert mask("proxy.example.com:5070 open through proxy proxy.example.com:5070 HTTPS") == (
+        "<*> open through proxy proxy.example.com:<*> HTTPS")
+    assert mask("10.0.0.1:80 open") == "<*> open"
+    assert mask("state.clipTopAmount:0, i:1") == "state.clipTopAmount:<*>, i:<*>"  # a key, not a host
+
+
+def test_merged_ids_join_templates_that_differ_only_at_wildcards():
+    from drain3.drain import LogCluster
+
+    from logdx.model import Record, TemplateStats
+
+    c = Compressor(CompressConfig())
+    c.add(Record(line_no=1, raw="job alpha finished step one", text="job alpha finished step one"))
+    (specific,) = c._drain.clusters
+    # A second, more general template of the same event, as Drain leaves one when lines of an event
+    # reach different branches of its tree (it never joins clusters once made).
+    c._drain.id_to_cluster[99] = LogCluster(["job", "<*>", "finished", "step", "one"], 99)
+    c._stats[99] = TemplateStats(template_id=99, template="job <*> finished step one", count=3, first_line=10,
+                                 last_line=12, sample="job x finished step one")
+    c.add(Record(line_no=2, raw="disk sda full now", text="disk sda full now"))
+    merged = c.merged_ids()
+    assert merged[99] == merged[specific.cluster_id] == specific.cluster_id
+    assert c.template_id_of("job alpha finished step one") == specific.cluster_id
+    assert c.template_id_of("disk sda full now") != specific.cluster_id
+    stats = {t.template_id: t for t in c.templates()}
+    assert len(stats) == 2
+    assert stats[specific.cluster_id].count == 1 + 3 and stats[specific.cluster_id].last_line == 12
+    assert c._stats[specific.cluster_id].count == 1  # the live statistics stay per cluster
+
+
+def test_merged_ids_keep_templates_that_differ_in_a_word():
+    from logdx.compress import _covers
+
+    assert _covers(["VM", "<*>", "(Lifecycle", "Event)"], ["VM", "Paused", "(Lifecycle", "Event)"])
+    assert not _covers(["VM", "Resumed", "<*>"], ["VM", "Paused", "<*>"])

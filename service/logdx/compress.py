@@ -107,6 +107,7 @@ class CompressConfig:
     max_traceback_lines: int = 400  # per source, per traceback
     mask_cache_size: int = 200_000
     max_ids_per_template: int = 4096  # ranks / hosts remembered per template
+    max_merged_templates: int = 2000  # above this many templates, merged_ids() leaves them apart
 
     @property
     def match_params(self) -> bool:
@@ -180,6 +181,7 @@ class Compressor:
         self._last_finite_loss_line: dict[str, int] = {}
         self._last_progress_ts: float | None = None
         self.last_progress: Record | None = None  # the last progress line itself: a stall's anchor
+        self._merged: tuple[int, dict[int, int]] | None = None  # (lines_in when computed, merged_ids())
 
     # -- the hot path ----------------------------------------------------------------------------
 
@@ -396,18 +398,84 @@ class Compressor:
         return out
 
     def templates(self) -> list[TemplateStats]:
-        """Per-template statistics, with the current (most general) template text."""
+        """Per-template statistics, with the current (most general) template text. Templates that
+        `merged_ids()` joins are reported as one (the first one's id, the counts summed)."""
         for cluster in self._drain.clusters:
             stats = self._stats.get(cluster.cluster_id)
             if stats is not None:
                 stats.template = cluster.get_template()
-        return sorted(self._stats.values(), key=lambda s: s.first_line)
+        merged = self.merged_ids()
+        out: dict[int, TemplateStats] = {}
+        for tid in sorted(self._stats):
+            stats = self._stats[tid]
+            head = merged.get(tid, tid)
+            if head == tid:
+                out[tid] = stats
+                continue
+            into = out.get(head)
+            if into is None:  # the head has no statistics of its own: should not happen
+                out[tid] = stats
+                continue
+            if into is self._stats.get(head):  # copy before summing: the live statistics stay per cluster
+                into = out[head] = TemplateStats(
+                    template_id=head, template=into.template, count=into.count, first_line=into.first_line,
+                    last_line=into.last_line, sample=into.sample, ranks=set(into.ranks), hosts=set(into.hosts),
+                    kept=into.kept, error_bearing=into.error_bearing)
+            if stats.count and (not into.count or stats.first_line < into.first_line):
+                into.first_line, into.sample = stats.first_line, stats.sample
+            into.count += stats.count
+            into.last_line = max(into.last_line, stats.last_line)
+            into.ranks |= stats.ranks
+            into.hosts |= stats.hosts
+            into.kept += stats.kept
+            into.error_bearing |= stats.error_bearing
+        return sorted(out.values(), key=lambda s: s.first_line)
+
+    def merged_ids(self) -> dict[int, int]:
+        """Cluster id -> the id of the group it is reported in. Drain never joins two clusters once
+        made, so a cluster that became general (`a <*> c`) sits next to an earlier, more specific one
+        (`a b c`) that its lines no longer reach. Templates of the same length that differ only in
+        positions where one of them has `<*>` (or are equal) are one group (transitively; the lowest id names it).
+        Computed when asked (templates(), template_id_of()), not in `add()`; cached until the next line."""
+        if self._merged is not None and self._merged[0] == self.lines_in:
+            return self._merged[1]
+        parent: dict[int, int] = {}
+        if len(self._drain.clusters) > self.config.max_merged_templates:  # pairwise: bounded
+            self._merged = (self.lines_in, {})
+            return self._merged[1]
+
+        def find(x: int) -> int:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        by_length: dict[int, list[tuple[int, list[str]]]] = {}
+        for cluster in sorted(self._drain.clusters, key=lambda c: c.cluster_id):
+            cid = cluster.cluster_id
+            parent[cid] = cid
+            tokens = list(cluster.log_template_tokens)
+            if PARAM not in tokens:
+                continue  # nothing to widen: it can only be the specific side, found from the other
+            by_length.setdefault(len(tokens), []).append((cid, tokens))
+        for cluster in self._drain.clusters:
+            tokens = cluster.log_template_tokens
+            for cid, general in by_length.get(len(tokens), ()):
+                if cid != cluster.cluster_id and _covers(general, tokens):
+                    a, b = find(cid), find(cluster.cluster_id)
+                    if a != b:
+                        parent[max(a, b)] = min(a, b)
+        merged = {cid: find(cid) for cid in parent}
+        self._merged = (self.lines_in, merged)
+        return merged
 
     def template_id_of(self, text: str) -> int | None:
-        """The template id `add()` gave the lines of this message's shape; None if never seen (or if
-        its shape was evicted from the cache since). For benchmarks and tests: costs nothing in `add()`."""
+        """The template group (`merged_ids()`) of the lines of this message's shape; None if never seen
+        (or if its shape was evicted from the cache since). For benchmarks and tests: costs nothing in `add()`."""
         shape = self._shapes.get(text.encode("utf-8", "surrogatepass").translate(None, _DIGITS))
-        return None if shape is None else shape.template_id
+        if shape is None:
+            return None
+        return self.merged_ids().get(shape.template_id, shape.template_id)
 
     def template_text(self, template_id: int) -> str:
         stats = self._stats.get(template_id)
@@ -433,6 +501,14 @@ class Compressor:
             rank_hosts=dict(self._rank_hosts),
             gpu_ranks=dict(self._gpu_ranks),
         )
+
+
+def _covers(general: list[str], tokens: list[str]) -> bool:
+    """Whether two templates of one length differ only where one of them has a wildcard (or not at all)."""
+    for g, t in zip(general, tokens):
+        if g != t and g != PARAM and t != PARAM:
+            return False
+    return True
 
 
 def _loss_value(text: str) -> float | None:

@@ -22,7 +22,12 @@ MASK_ALTERNATIVES: tuple[tuple[str, str], ...] = (
     ("longhex", r"[0-9a-fA-F]{12,}\b"),
     ("hexword", r"(?=[a-fA-F]*\d)[0-9a-fA-F]{8,}\b"),  # an address or id without 0x: 8+ hex digits, one a digit
 )
-MASK = re.compile(MASK_GUARD + "(?:" + "|".join(f"(?:{p})" for _, p in MASK_ALTERNATIVES) + ")")
+# A host:port at the very start of a message ("proxy.example.com:5070 open ..."): the endpoint a line
+# is about, in the place where other lines of the same event have an IP (which "ipv4" masks). Lower-case
+# DNS labels only, so that "state.clipTopAmount:0" (a key and its value) stays. Only at the start: inside
+# a message a host:port is as often a fixed peer whose name tells events apart.
+MASK_AT_START = r"^[a-z][a-z0-9-]*(?:\.[a-z0-9-]+)+:\d+(?![\w.])"
+MASK = re.compile(MASK_GUARD + "(?:" + "|".join(f"(?:{p})" for _, p in MASK_ALTERNATIVES) + ")|" + MASK_AT_START)
 PARAM = "<*>"
 
 TRACEBACK_START = "Traceback (most recent call last)"
