@@ -16,6 +16,7 @@ from logdx.act.actuators import TAINT_KEY, Actions, fill_command
 from logdx.act.report import CompressionFigures, Culprits, Report, RootCause
 from logdx.config import ActionsSettings
 from logdx.store import open_db
+from support import Clock
 
 
 def _load_receiver():
@@ -42,14 +43,6 @@ def make_report(hosts=("node-17",), **kw) -> Report:
     )
     base.update(kw)
     return Report(**base)
-
-
-class Clock:
-    def __init__(self, t: float = 1_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from logdx.act.alerts import Outbox, OutboxWorker, sign, slack_payload, verify
 from logdx.act.report import CompressionFigures, Culprits, Report, RootCause
 from logdx.config import AlertsSettings
 from logdx.store import open_db
+from support import Clock
 
 def _load_receiver():
     name = "logdx_test_receiver"
@@ -47,14 +48,6 @@ def make_report(line_no: int = 18233, **kw) -> Report:
     )
     base.update(kw)
     return Report(**base)
-
-
-class Clock:
-    def __init__(self, t: float = 1_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture
