@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         if disagreements:
             print("\nculprit differs from the burial's (informational; not scored unless labelled):")
             print("\n".join(disagreements))
-        figures["buried"] = {"runs": len(buried), "per_case": args.bury, "accuracy": btable,
+        figures["buried"] = {"count": len(buried), "per_case": args.bury, "accuracy": btable,
                              "by_style": by_style, "by_prefix_real": by_prefix, "burial_culprit_named": named,
                              "runs": [result_record(r) for r in buried]}
     if args.json:

@@ -40,7 +40,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from queue import Empty, Queue
+from queue import Queue
 from typing import TYPE_CHECKING, Any
 
 from logdx.normalize import Source

@@ -104,30 +104,28 @@ MIGRATIONS = [
 
 # -- the database, whichever way it was handed to us ------------------------------------------------
 
-# sqlite3.Connection takes no weak references: key by id (a reused id only shares a lock).
-_LOCKS: dict[int, threading.RLock] = {}
-_LOCKS_GUARD = threading.Lock()
+# sqlite3.Connection takes no weak references: key by id. One adopted Database per bare connection,
+# so that alerts and actions sharing it also share its lock and transaction state.
+_ADOPTED: dict[int, Database] = {}
+_ADOPTED_GUARD = threading.Lock()
 
 
 class DB:
     """A `store.Database` or a bare `sqlite3.Connection` (opened with `isolation_level=None`),
-    used through one lock per connection. Shared by alerts and actions."""
+    used through the Database's lock and transactions. Shared by alerts and actions."""
 
     def __init__(self, conn: Database | sqlite3.Connection) -> None:
         self.handle = conn
         if isinstance(conn, Database):
-            self._db: Database | None = conn
-            self._conn = conn.connection
-            self.lock = conn.lock
+            self._db = conn
         else:
-            self._db = None
-            self._conn = conn
-            with _LOCKS_GUARD:
-                lock = _LOCKS.get(id(conn))
-                if lock is None:
-                    lock = _LOCKS[id(conn)] = threading.RLock()
-            self.lock = lock
-        self._in_tx = False
+            with _ADOPTED_GUARD:
+                db = _ADOPTED.get(id(conn))
+                if db is None or db.connection is not conn:
+                    db = _ADOPTED[id(conn)] = Database.adopt(conn)
+            self._db = db
+        self._conn = self._db.connection
+        self.lock = self._db.lock
 
     def migrate(self, component: str, migrations: list[str]) -> int:
         with self.lock:
@@ -145,25 +143,8 @@ class DB:
 
     @contextmanager
     def transaction(self) -> Iterator[DB]:
-        with self.lock:
-            if self._db is not None:
-                with self._db.transaction():
-                    yield self
-                return
-            if self._in_tx:
-                yield self
-                return
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._in_tx = True
-            try:
-                yield self
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            else:
-                self._conn.execute("COMMIT")
-            finally:
-                self._in_tx = False
+        with self._db.transaction():
+            yield self
 
 
 # -- Standard Webhooks signatures -------------------------------------------------------------------

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 from logdx.diagnose.rules import RuleHit, RuleSet, render_hint
 from logdx.model import (
-    Action,
     Category,
     CompressionSummary,
     Event,
     Evidence,
     FailureContext,
     Label,
+    Record,
     Role,
     StageVote,
     TemplateStats,
@@ -86,7 +86,7 @@ def find_root_cause(
     winner, role = _choose(findings, summary)
     hosts, ranks, gpus = _culprits(winner, role, findings, summary)
     vote = _vote(winner, findings)
-    context = failure_context(winner.hit.line if winner else _first_anchor(unexplained), winner, templates, findings)
+    context = failure_context(winner.hit.line if winner else _first_anchor(unexplained), winner, templates)
     explanation = _explain(winner, role, findings, hosts, ranks, gpus)
     hint = _hint(winner, rules, hosts, ranks, gpus)
     return RulesOutcome(
@@ -391,12 +391,7 @@ def _clip(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def failure_context(
-    root_line: object, winner: Finding | None, templates: Sequence[TemplateStats], findings: list[Finding]
-) -> FailureContext:
-    from logdx.model import Record
-
-    root = root_line if isinstance(root_line, Record) else None
+def failure_context(root: Record | None, winner: Finding | None, templates: Sequence[TemplateStats]) -> FailureContext:
     root_text = root.raw if root else ""
     near = _nearby_error_templates(templates, root.line_no if root else None)
     excerpt: list[str] = []
@@ -421,7 +416,7 @@ def _nearby_error_templates(templates: Sequence[TemplateStats], line_no: int | N
     return [t.template for t in errors[:limit]]
 
 
-def _first_anchor(events: list[Event]) -> object:
+def _first_anchor(events: list[Event]) -> Record | None:
     return events[0].anchor if events else None
 
 
@@ -464,9 +459,3 @@ def _int_or_none(value: object) -> int | None:
         return int(str(value))
     except (TypeError, ValueError):
         return None
-
-
-def default_action(category: Category, hardware: bool = False) -> Action:
-    if category == Category.INFRASTRUCTURE:
-        return Action.CORDON_AND_RESTART if hardware else Action.RESTART
-    return Action.NO_RESTART
