@@ -51,7 +51,7 @@ from logdx.config import load_settings  # noqa: E402
 from logdx.diagnose.rules import default_rules_dir, load_rules  # noqa: E402
 from logdx.model import Record  # noqa: E402
 from logdx.normalize import Normalizer, iter_lines, open_input  # noqa: E402
-from logdx.patterns import MASK_ALTERNATIVES, MASK_AT_START, MASK_GUARD  # noqa: E402
+from logdx.patterns import MASK_ALTERNATIVES, MASK_AT_START, MASK_DATE_WORDS, MASK_GUARD  # noqa: E402
 
 CACHE = REPO / ".cache" / "bench"
 LOGHUB = Path(os.environ.get("LOGHUB_DIR", REPO.parent / "shared" / "data" / "loghub-2k"))
@@ -89,7 +89,9 @@ def stock_drain3(config: CompressConfig) -> TemplateMiner:
     c.drain_depth = config.drain_depth
     c.drain_sim_th = config.drain_sim_th
     c.drain_max_children = config.drain_max_children
-    c.masking_instructions = [MaskingInstruction(f"{MASK_GUARD}(?:{p})", "*") for _, p in MASK_ALTERNATIVES]
+    # drain3 applies its masks one after another: a date with words goes first, before its numbers are masked.
+    c.masking_instructions = [MaskingInstruction(MASK_DATE_WORDS, "*")]
+    c.masking_instructions += [MaskingInstruction(f"{MASK_GUARD}(?:{p})", "*") for _, p in MASK_ALTERNATIVES]
     c.masking_instructions.append(MaskingInstruction(MASK_AT_START, "*"))
     c.mask_prefix, c.mask_suffix = "<", ">"  # masks read "<*>", as logdx's do
     return TemplateMiner(config=c)

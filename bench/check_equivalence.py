@@ -164,7 +164,7 @@ def compare(name, lines, also_error=True, max_line_bytes=N.DEFAULT_MAX_LINE_BYTE
         if k1 != k2:
             raise AssertionError(f"{name}: kept {i} differs\n raw={raw!r}\n old={k1}\n new={k2}")
         raw_id = c2._shapes[r2.text.encode("utf-8", "surrogatepass").translate(None, b"0123456789")].template_id
-        if c2.template_id_of(r2.text) != c2.merged_ids().get(raw_id, raw_id):  # reported groups may merge clusters
+        if c2.template_id_of(r2.text) != c2.group_ids().get(raw_id, raw_id):  # reported groups may join variants
             raise AssertionError("template_id_of")
     assert (n1.line_no, n1.bytes_in, n1.truncated, n1._year, n1._session_host) == (n2.line_no, n2.bytes_in, n2.truncated, n2._year, n2._session_host), name
     assert [kept_tuple(k) for k in c1.flush_tails()] == [kept_tuple(k) for k in c2.flush_tails()], name

@@ -111,28 +111,94 @@ def test_host_port_at_the_start_is_masked_like_an_ip():
     assert mask("state.clipTopAmount:0, i:1") == "state.clipTopAmount:<*>, i:<*>"  # a key, not a host
 
 
+def _raw_feed(texts, config=None):
+    from logdx.model import Record
+
+    c = Compressor(config or CompressConfig())
+    kept = []
+    for i, text in enumerate(texts, 1):
+        kept.extend(c.add(Record(line_no=i, raw=text, text=text)))
+    return c, kept
+
+
+def test_a_date_inside_a_message_is_one_variable():
+    # Otherwise its month and weekday stay words, and a position of few words tells events apart.
+    assert mask("connection from 1.2.3.4 () at Fri Jul  1 07:57:30 2005") == "connection from <*> () at <*>"
+    assert mask("saved at 2024-01-02T03:04:05.123Z, next 2024-01-02") == "saved at <*>, next <*>"
+    assert mask("Jun 14 15:16:01 sshd started") == "<*> sshd started"
+    assert mask("Mon Jan is a name, May 5 too") == "Mon Jan is a name, May <*> too"
+
+
 def test_merged_ids_join_templates_that_differ_only_at_wildcards():
-    from drain3.drain import LogCluster
-
-    from logdx.model import Record, TemplateStats
-
-    c = Compressor(CompressConfig())
-    c.add(Record(line_no=1, raw="job alpha finished step one", text="job alpha finished step one"))
-    (specific,) = c._drain.clusters
-    # A second, more general template of the same event, as Drain leaves one when lines of an event
-    # reach different branches of its tree (it never joins clusters once made).
-    c._drain.id_to_cluster[99] = LogCluster(["job", "<*>", "finished", "step", "one"], 99)
-    c._stats[99] = TemplateStats(template_id=99, template="job <*> finished step one", count=3, first_line=10,
-                                 last_line=12, sample="job x finished step one")
-    c.add(Record(line_no=2, raw="disk sda full now", text="disk sda full now"))
+    # Drain's tree sends each first-word-after-"job" down its own branch, so the two specific templates
+    # and the general one (a number, masked) are three clusters it never joins.
+    texts = ["job alpha finished step one", "job beta finished step one", "job 42 finished step one",
+             "job 43 finished step one", "disk sda full now"]
+    c, _ = _raw_feed(texts)
+    assert len(list(c._drain.clusters)) == 4
     merged = c.merged_ids()
-    assert merged[99] == merged[specific.cluster_id] == specific.cluster_id
-    assert c.template_id_of("job alpha finished step one") == specific.cluster_id
-    assert c.template_id_of("disk sda full now") != specific.cluster_id
+    assert len({merged[cl.cluster_id] for cl in c._drain.clusters}) == 2
+    job = {c.template_id_of(t) for t in texts[:4]}
+    assert len(job) == 1 and c.template_id_of(texts[4]) not in job
     stats = {t.template_id: t for t in c.templates()}
     assert len(stats) == 2
-    assert stats[specific.cluster_id].count == 1 + 3 and stats[specific.cluster_id].last_line == 12
-    assert c._stats[specific.cluster_id].count == 1  # the live statistics stay per cluster
+    (tid,) = job
+    assert stats[tid].count == 4 and stats[tid].first_line == 1 and stats[tid].last_line == 4
+    assert stats[tid].template == "job <*> finished step one"
+    assert sum(s.count for s in c._stats.values()) == 5  # the live statistics stay per variant
+
+
+def _vm_events(n_instances=20):
+    events = ["Paused", "Resumed", "Started", "Stopped"]
+    return [f"[instance: {i:08x}-1111-2222-3333-444455556666] VM {e} (Lifecycle Event)"
+            for i in range(n_instances) for e in events]
+
+
+def test_a_position_with_a_few_recurring_words_tells_events_apart():
+    texts = _vm_events() + ["unrelated line here"]
+    c, kept = _raw_feed(texts)
+    by_text = {t.template: t for t in c.templates()}
+    for event in ("Paused", "Resumed", "Started", "Stopped"):
+        t = by_text[f"[instance: <*>] VM {event} (Lifecycle Event)"]
+        assert t.count == 20
+        assert c.template_id_of(f"[instance: 00000001-1111-2222-3333-444455556666] VM {event} (Lifecycle Event)") == t.template_id
+    assert len(by_text) == 5 and c.summary().templates == 5
+    # Every kept line's template is one that is reported, or a variant of one.
+    reported = {t.template_id for t in c.templates()}
+    assert {c.group_ids().get(k.template_id, k.template_id) for k in kept} <= reported
+
+
+def test_a_position_with_many_words_stays_a_variable():
+    users = ["alice", "bob", "carol", "dave", "erin", "frank", "grace"]
+    texts = [f"session opened for user {users[i % len(users)]} by uid {i}" for i in range(70)]
+    c, _ = _raw_feed(texts)
+    (t,) = c.templates()
+    assert t.template == "session opened for user <*> by uid <*>" and t.count == 70
+
+
+def test_a_word_seen_once_does_not_make_a_template():
+    texts = [f"task {i} was started by worker {w}" for i, w in enumerate(["alpha"] * 30 + ["beta"])]
+    c, _ = _raw_feed(texts)
+    assert [t.count for t in c.templates()] == [31]
+    c, _ = _raw_feed(texts + ["task 99 was started by worker beta"])
+    assert sorted(t.count for t in c.templates()) == [2, 30]
+
+
+def test_telling_words_apart_can_be_turned_off():
+    c, _ = _raw_feed(_vm_events(), CompressConfig(split_max_words=0))
+    (t,) = c.templates()
+    assert t.template == "[instance: <*>] VM <*> (Lifecycle Event)" and t.count == 80
+
+
+def test_a_template_with_too_many_variants_is_never_split():
+    # Two positions of a few words each: 4 x 4 variants, over a cap of 8.
+    texts = [f"op {i} done: {a} on {b}" for i in range(64) for a, b in [("read write sync trim".split()[i % 4],
+                                                                        "disk tape net mem".split()[i // 16])]]
+    c, _ = _raw_feed(texts, CompressConfig(max_variants_per_template=8))
+    (t,) = c.templates()
+    assert t.count == 64
+    c, _ = _raw_feed(texts)
+    assert len(c.templates()) == 16
 
 
 def test_merged_ids_keep_templates_that_differ_in_a_word():

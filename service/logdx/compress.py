@@ -108,6 +108,13 @@ class CompressConfig:
     mask_cache_size: int = 200_000
     max_ids_per_template: int = 4096  # ranks / hosts remembered per template
     max_merged_templates: int = 2000  # above this many templates, merged_ids() leaves them apart
+    # A position of a template that only ever held a few words, each on more than one line, is a constant
+    # that tells events apart ("VM Paused" / "VM Resumed", "stored as bytes" / "stored as values"), not a
+    # variable: its lines are reported as one template per word. Drain cannot see this: it widens a
+    # position to <*> at its second value. 0 turns it off.
+    split_max_words: int = 4
+    split_min_lines: int = 2
+    max_variants_per_template: int = 32  # beyond this, a template's new lines share one and it is not split
 
     @property
     def match_params(self) -> bool:
@@ -125,11 +132,38 @@ class _Drain(Drain):
         return super().tree_search(root_node, tokens, sim_th, include_params or self.match_params)
 
 
+# What counts as a word when telling events apart by one (see CompressConfig.split_max_words).
+_WORD = re.compile(r"[A-Za-z][A-Za-z_-]*")
+
+
+@dataclass(slots=True)
+class _Cluster:
+    """One Drain cluster's lines, as variants: lines with the same words at the positions that, so far,
+    only ever held a few words (`words`) share a variant, and each variant has its own statistics. Whether
+    such a position tells events apart is decided when templates are reported (`Compressor._grouping`)."""
+
+    words: list[set[str] | None]  # per position, the words seen there; None once it held a non-word or too many
+    variants: dict[tuple[str | None, ...], TemplateStats] = field(default_factory=dict)
+    closed: bool = False  # it reached max_variants_per_template: never split
+
+    def variant_key(self, tokens: list[str], max_words: int) -> tuple[str | None, ...]:
+        key: list[str | None] = []
+        for p, token in enumerate(tokens):
+            seen = self.words[p]
+            if seen is not None and token not in seen:
+                if len(seen) >= max_words or not _WORD.fullmatch(token):
+                    seen = self.words[p] = None
+                else:
+                    seen.add(token)
+            key.append(None if seen is None else token)
+        return tuple(key)
+
+
 @dataclass(slots=True)
 class _Shape:
     """What is known about one distinct masked line (the fast-path cache entry)."""
 
-    template_id: int
+    template_id: int  # of the variant its lines are counted in (Compressor._stats)
     error: bool
     progress: bool
     topology: bool = False  # an NCCL init line: which rank drives which GPU
@@ -164,7 +198,9 @@ class Compressor:
         self._drain = _Drain(depth=c.drain_depth, sim_th=c.drain_sim_th, max_children=c.drain_max_children,
                              match_params=c.match_params)
         self._shapes: dict[bytes, _Shape] = {}
-        self._stats: dict[int, TemplateStats] = {}
+        self._stats: dict[int, TemplateStats] = {}  # per variant (see _Cluster), by its own id
+        self._clusters: dict[int, _Cluster] = {}  # by Drain cluster id
+        self._next_variant_id = 1
         self._sources: dict[str, _SourceState] = {}
         self._rank_keys: dict[int, str] = {}  # rank -> its source key
         self._kept_ids: set[int] = set()  # line numbers kept, so the tail does not repeat them
@@ -182,6 +218,7 @@ class Compressor:
         self._last_progress_ts: float | None = None
         self.last_progress: Record | None = None  # the last progress line itself: a stall's anchor
         self._merged: tuple[int, dict[int, int]] | None = None  # (lines_in when computed, merged_ids())
+        self._groups: tuple[int, dict[int, int], dict[int, str]] | None = None  # (lines_in, _grouping())
 
     # -- the hot path ----------------------------------------------------------------------------
 
@@ -237,17 +274,17 @@ class Compressor:
     def _new_shape(self, key: bytes, masked: str, text: str) -> _Shape:
         if len(self._shapes) >= self.config.mask_cache_size:
             self._shapes.clear()
-        template_id = self._template_for(masked)
+        stats = self._variant_for(masked)
         error = _has_error_word(masked) or (self.also_error is not None and self.also_error(text))
         shape = _Shape(
-            template_id=template_id,
+            template_id=stats.template_id,
             error=error,
             # "*** STEP 42 CANCELLED ***" names a step but is no progress. (NaN losses are found by
             # value, not by word, so Megatron's "number of nan iterations: 0" stays progress.)
             progress=not error and _has_progress_word(masked),
             topology="NCCL INFO comm" in masked and "busId" in masked,
         )
-        shape.stats = self._stats[template_id]
+        shape.stats = stats
         shape.loss = b"loss" in key or b"Loss" in key
         shape.traceback = _TRACEBACK_START_BYTES in key
         if shape.error:
@@ -255,17 +292,31 @@ class Compressor:
         self._shapes[key] = shape
         return shape
 
-    def _template_for(self, masked: str) -> int:
+    def _variant_for(self, masked: str) -> TemplateStats:
+        """The statistics a new shape's lines are counted in: its Drain cluster's variant."""
         if len(self._stats) >= self.config.max_templates:
             overflow = self._stats.get(-1)
             if overflow is None:
-                self._stats[-1] = TemplateStats(template_id=-1, template="<overflow: too many templates>")
-            return -1
+                overflow = self._stats[-1] = TemplateStats(template_id=-1, template="<overflow: too many templates>")
+            return overflow
         cluster, _ = self._drain.add_log_message(masked)
         cid = cluster.cluster_id
-        if cid not in self._stats:
-            self._stats[cid] = TemplateStats(template_id=cid, template=cluster.get_template())
-        return cid
+        tokens = masked.split()  # as Drain splits it (no extra delimiters)
+        state = self._clusters.get(cid)
+        if state is None:
+            state = self._clusters[cid] = _Cluster(words=[set() for _ in tokens])
+        key = state.variant_key(tokens, self.config.split_max_words)
+        stats = state.variants.get(key)
+        if stats is None and len(state.variants) >= self.config.max_variants_per_template:
+            state.closed = True
+            key = (None,) * len(tokens)
+            stats = state.variants.get(key)
+        if stats is None:
+            stats = TemplateStats(template_id=self._next_variant_id, template=cluster.get_template())
+            self._next_variant_id += 1
+            state.variants[key] = stats
+            self._stats[stats.template_id] = stats
+        return stats
 
     def _note_origin(self, rank: int | None, host: str | None, stats: TemplateStats) -> None:
         cap = self.config.max_ids_per_template
@@ -398,27 +449,24 @@ class Compressor:
         return out
 
     def templates(self) -> list[TemplateStats]:
-        """Per-template statistics, with the current (most general) template text. Templates that
-        `merged_ids()` joins are reported as one (the first one's id, the counts summed)."""
-        for cluster in self._drain.clusters:
-            stats = self._stats.get(cluster.cluster_id)
-            if stats is not None:
-                stats.template = cluster.get_template()
-        merged = self.merged_ids()
+        """Per-template statistics, as reported: the variants of one group (`group_ids()`) summed under
+        the group's id (its lowest variant id), with the group's template text."""
+        ids, texts = self._grouping()
         out: dict[int, TemplateStats] = {}
-        for tid in sorted(self._stats):
-            stats = self._stats[tid]
-            head = merged.get(tid, tid)
-            if head == tid:
-                out[tid] = stats
+        for vid in sorted(self._stats):
+            stats = self._stats[vid]
+            gid = ids.get(vid, vid)
+            if gid == vid:
+                stats.template = texts.get(gid, stats.template)
+                out[gid] = stats
                 continue
-            into = out.get(head)
-            if into is None:  # the head has no statistics of its own: should not happen
-                out[tid] = stats
+            into = out.get(gid)
+            if into is None:  # the group's lowest id comes first: should not happen
+                out[vid] = stats
                 continue
-            if into is self._stats.get(head):  # copy before summing: the live statistics stay per cluster
-                into = out[head] = TemplateStats(
-                    template_id=head, template=into.template, count=into.count, first_line=into.first_line,
+            if into is self._stats.get(gid):  # copy before summing: the live statistics stay per variant
+                into = out[gid] = TemplateStats(
+                    template_id=gid, template=into.template, count=into.count, first_line=into.first_line,
                     last_line=into.last_line, sample=into.sample, ranks=set(into.ranks), hosts=set(into.hosts),
                     kept=into.kept, error_bearing=into.error_bearing)
             if stats.count and (not into.count or stats.first_line < into.first_line):
@@ -430,6 +478,58 @@ class Compressor:
             into.kept += stats.kept
             into.error_bearing |= stats.error_bearing
         return sorted(out.values(), key=lambda s: s.first_line)
+
+    def group_ids(self) -> dict[int, int]:
+        """Variant id (`KeptLine.template_id`) -> the id of the template it is reported in."""
+        return self._grouping()[0]
+
+    def _grouping(self) -> tuple[dict[int, int], dict[int, str]]:
+        """(variant id -> group id, group id -> template text). A group is the variants of the Drain
+        clusters `merged_ids()` joins that have the same words at the positions that tell events apart
+        (`_telling_positions`). Computed when asked, not in `add()`; cached until the next line."""
+        if self._groups is not None and self._groups[0] == self.lines_in:
+            return self._groups[1], self._groups[2]
+        merged = self.merged_ids()
+        members: dict[int, list[int]] = {}
+        for cid in sorted(self._clusters):
+            members.setdefault(merged.get(cid, cid), []).append(cid)
+        ids: dict[int, int] = {}
+        texts: dict[int, str] = {}
+        for cids in members.values():
+            states = [self._clusters[c] for c in cids]
+            template = _common_template([self._drain.id_to_cluster[c].log_template_tokens for c in cids])
+            telling = self._telling_positions(states, len(template))
+            groups: dict[tuple[str | None, ...], list[int]] = {}
+            for state in states:
+                for key, stats in state.variants.items():
+                    groups.setdefault(tuple(key[p] for p in telling), []).append(stats.template_id)
+            for words, vids in groups.items():
+                gid = min(vids)
+                for vid in vids:
+                    ids[vid] = gid
+                tokens = list(template)
+                for p, word in zip(telling, words):
+                    tokens[p] = word or PARAM
+                texts[gid] = " ".join(tokens)
+        self._groups = (self.lines_in, ids, texts)
+        return ids, texts
+
+    def _telling_positions(self, states: list[_Cluster], length: int) -> list[int]:
+        """The positions that only ever held a few words, each on `split_min_lines` lines or more."""
+        c = self.config
+        if c.split_max_words < 2 or any(s.closed for s in states):
+            return []
+        telling = []
+        for p in range(length):
+            if any(s.words[p] is None for s in states):
+                continue
+            lines: dict[str | None, int] = {}
+            for state in states:
+                for key, stats in state.variants.items():
+                    lines[key[p]] = lines.get(key[p], 0) + stats.count
+            if 2 <= len(lines) <= c.split_max_words and min(lines.values()) >= c.split_min_lines:
+                telling.append(p)
+        return telling
 
     def merged_ids(self) -> dict[int, int]:
         """Cluster id -> the id of the group it is reported in. Drain never joins two clusters once
@@ -470,23 +570,21 @@ class Compressor:
         return merged
 
     def template_id_of(self, text: str) -> int | None:
-        """The template group (`merged_ids()`) of the lines of this message's shape; None if never seen
-        (or if its shape was evicted from the cache since). For benchmarks and tests: costs nothing in `add()`."""
+        """The id of the template (as `templates()` reports it) of the lines of this message's shape; None
+        if never seen (or if its shape was evicted from the cache since). For benchmarks and tests: costs
+        nothing in `add()`."""
         shape = self._shapes.get(text.encode("utf-8", "surrogatepass").translate(None, _DIGITS))
         if shape is None:
             return None
-        return self.merged_ids().get(shape.template_id, shape.template_id)
-
-    def template_text(self, template_id: int) -> str:
-        stats = self._stats.get(template_id)
-        return stats.template if stats else ""
+        return self.group_ids().get(shape.template_id, shape.template_id)
 
     def summary(self, bytes_in: int = 0, lines_truncated: int = 0) -> CompressionSummary:
         intervals = sorted(s.interval_ema for s in self._sources.values() if s.interval_ema)
+        groups = self.group_ids()
         return CompressionSummary(
             lines_in=self.lines_in,
             bytes_in=bytes_in,
-            templates=len(self._stats),
+            templates=len({groups.get(vid, vid) for vid in self._stats}),
             lines_kept=self.lines_kept,
             lines_truncated=lines_truncated,
             world_size=self._max_rank + 1,
@@ -501,6 +599,12 @@ class Compressor:
             rank_hosts=dict(self._rank_hosts),
             gpu_ranks=dict(self._gpu_ranks),
         )
+
+
+def _common_template(templates: list[list[str]]) -> list[str]:
+    """Templates of one length as one: their token where they all agree, <*> where they do not."""
+    first = templates[0]
+    return [t if all(other[p] == t for other in templates[1:]) else PARAM for p, t in enumerate(first)]
 
 
 def _covers(general: list[str], tokens: list[str]) -> bool:

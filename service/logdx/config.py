@@ -31,6 +31,9 @@ class CompressSettings(_Section):
     max_kept_lines: int = Field(100_000, ge=1000)
     kept_per_error_template: int = Field(64, ge=1)
     tail_lines_per_source: int = Field(20, ge=0)
+    split_max_words: int = Field(
+        4, ge=0, description="a template position holding at most this many words, each on 2+ lines, "
+        "is reported as one template per word (\"VM Paused\" / \"VM Resumed\"); 0 turns it off")
 
 
 class DetectSettings(_Section):

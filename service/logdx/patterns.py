@@ -7,10 +7,14 @@ import re
 
 # One pass, one replacement: the alternation is ordered from the most to the least specific.
 # Only at the start of a token that can begin a variable: most positions fail here at once.
-MASK_GUARD = r"(?<![\w.])(?=[0-9a-fA-F/~+-])"
+_NOT_IN_WORD = r"(?<![\w.])"
+_VARIABLE_START = r"(?=[0-9a-fA-F/~+-])"
+MASK_GUARD = _NOT_IN_WORD + _VARIABLE_START
 # (name, pattern) in the order they are tried. Exposed so that a benchmark can give stock drain3
 # the very same masks (one `MaskingInstruction` each, behind the same guard).
 MASK_ALTERNATIVES: tuple[tuple[str, str], ...] = (
+    # A date inside a message, ISO ("2005-07-01", "2024-01-02T03:04:05.123Z", "2005-07-01 07:57:30").
+    ("isodate", r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)?(?![\w.:-])"),
     ("uuid", r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"),
     ("ipv4", r"\d{1,3}(?:\.\d{1,3}){3}(?::\d+|<\d+>)?(?![\w.])"),  # with :port or NCCL's <port>
     ("pci", r"(?:[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?|[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])(?!\w)"),
@@ -27,7 +31,15 @@ MASK_ALTERNATIVES: tuple[tuple[str, str], ...] = (
 # DNS labels only, so that "state.clipTopAmount:0" (a key and its value) stays. Only at the start: inside
 # a message a host:port is as often a fixed peer whose name tells events apart.
 MASK_AT_START = r"^[a-z][a-z0-9-]*(?:\.[a-z0-9-]+)+:\d+(?![\w.])"
-MASK = re.compile(MASK_GUARD + "(?:" + "|".join(f"(?:{p})" for _, p in MASK_ALTERNATIVES) + ")|" + MASK_AT_START)
+# A date with a month name inside a message ("at Fri Jul  1 07:57:30 2005", "Jun 14 15:16:01"): ctime and
+# syslog stamps. Its words are not variables of their own: masked whole, or a month would tell events apart.
+_DATE_WORDS = (r"(?=[A-Z][a-z]{2}[ ,])(?:(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun),? +)?"
+               r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +\d{1,2},? +(?:\d{4} +)?"
+               r"\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?(?: +\d{4})?(?![\w.:])")
+MASK_DATE_WORDS = _NOT_IN_WORD + _DATE_WORDS
+# The lookbehind once for both kinds: the regex is tried at every position of a new shape's text.
+MASK = re.compile(_NOT_IN_WORD + "(?:" + _VARIABLE_START + "(?:" + "|".join(f"(?:{p})" for _, p in MASK_ALTERNATIVES)
+                  + ")|" + _DATE_WORDS + ")|" + MASK_AT_START)
 PARAM = "<*>"
 
 TRACEBACK_START = "Traceback (most recent call last)"

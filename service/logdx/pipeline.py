@@ -122,6 +122,7 @@ class Session:
                 max_kept_lines=s.compress.max_kept_lines,
                 kept_per_error_template=s.compress.kept_per_error_template,
                 tail_lines_per_source=s.compress.tail_lines_per_source,
+                split_max_words=s.compress.split_max_words,
             ),
             also_error=self.engine.rules.could_match,
         )
