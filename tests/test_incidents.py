@@ -13,7 +13,8 @@ from logdx.incidents import SEED_PATH, Incident, IncidentError, IncidentIn, Inci
 from logdx.model import ALL_FAILURE_TYPES, Action, Category, FailureContext
 from logdx.store import open_db
 
-DEV_LOGS = Path("/work/shared/data/failures-dev")
+# ../shared beside the checkout, as CI has it
+DEV_LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "failures-dev"
 
 
 @pytest.fixture
