@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import stat
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,20 +14,10 @@ from logdx.act.actuators import TAINT_KEY, Actions, fill_command
 from logdx.act.report import CompressionFigures, Culprits, Report, RootCause
 from logdx.config import ActionsSettings
 from logdx.store import open_db
-from support import Clock
+from support import Clock, load_receiver
 
 
-def _load_receiver():
-    name = "logdx_test_receiver"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "fixtures" / "run" / "receiver.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return sys.modules[name]
-
-
-receiver = _load_receiver()
+receiver = load_receiver()
 
 
 def make_report(hosts=("node-17",), **kw) -> Report:

@@ -4,14 +4,11 @@ diagnosis, with retries. Delivered over real HTTP to a receiver on 127.0.0.1."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import os
 import sqlite3
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -19,19 +16,9 @@ from logdx.act.alerts import Outbox, OutboxWorker, sign, slack_payload, verify
 from logdx.act.report import CompressionFigures, Culprits, Report, RootCause
 from logdx.config import AlertsSettings
 from logdx.store import open_db
-from support import Clock
+from support import Clock, load_receiver
 
-def _load_receiver():
-    name = "logdx_test_receiver"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "fixtures" / "run" / "receiver.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return sys.modules[name]
-
-
-receiver = _load_receiver()
+receiver = load_receiver()
 
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef01234567").decode()
 

@@ -6,7 +6,6 @@ failure type is the rule pack's business; the important ones (CUDA OOM, SyntaxEr
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import os
 import signal
@@ -20,23 +19,14 @@ from pathlib import Path
 import pytest
 
 from logdx.supervise import CheckpointTracker, fill_template
+from support import load_receiver
 
 FIXTURES = Path(__file__).parent / "fixtures" / "run"
 TRAIN = FIXTURES / "train.py"
 PY = sys.executable
 
 
-def _load_receiver():
-    name = "logdx_test_receiver"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, FIXTURES / "receiver.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return sys.modules[name]
-
-
-receiver = _load_receiver()
+receiver = load_receiver()
 
 
 def _logdx_run() -> list[str]:

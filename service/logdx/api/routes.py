@@ -14,7 +14,7 @@ from logdx.act.report import Report
 from logdx.api import schemas
 from logdx.api.deps import EngineDep, JobId, ServicesDep, get_engine, require_token, retry_after
 from logdx.api.errors import ApiError, ErrorBody
-from logdx.api.ingest import Batch, Decoder, make_parser, pick_format, source_from_headers
+from logdx.api.ingest import Batch, Decoder, Format, Source, make_parser, pick_format, source_from_headers
 from logdx.api.jobs import IngestRequest
 from logdx.api.metrics import CONTENT_TYPE
 from logdx.api.services import Services
@@ -56,10 +56,19 @@ async def metrics(services: ServicesDep) -> Response:
 # --- uploads ---------------------------------------------------------------------------------------
 
 
-def _check_length(request: Request, limit: int) -> None:
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, "request_too_large", f"the body is larger than server.max_request_bytes ({limit})")
+
+
+def _upload(request: Request, fmt: str | None, limit: int) -> tuple[Format, Source, Decoder]:
+    """What a log upload's headers say: its format, the source its lines share, its decoder. A declared
+    length over the limit is refused before any of the body is read."""
+    fmt_ = pick_format(request.headers.get("content-type"), fmt)
+    source = source_from_headers(request.headers)
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
-        raise ApiError(413, "request_too_large", f"the body is larger than server.max_request_bytes ({limit})")
+        raise _too_large(limit)
+    return fmt_, source, Decoder(request.headers.get("content-encoding"), limit)
 
 
 def _idempotency_key(request: Request) -> str | None:
@@ -118,10 +127,7 @@ async def post_logs(
 ) -> dict[str, Any]:
     settings = services.settings
     limit = settings.server.max_request_bytes
-    fmt_ = pick_format(request.headers.get("content-type"), fmt)
-    source = source_from_headers(request.headers)
-    _check_length(request, limit)
-    decoder = Decoder(request.headers.get("content-encoding"), limit)
+    fmt_, source, decoder = _upload(request, fmt, limit)
     key = _idempotency_key(request)
     jobs = services.jobs
     job = await services.run(jobs.get_or_create, job_id)
@@ -150,8 +156,7 @@ async def post_logs(
                 req.raw_bytes += len(chunk)
                 services.metrics.bytes.labels(fmt_.value).inc(len(chunk))
                 if req.raw_bytes > limit:
-                    raise ApiError(413, "request_too_large",
-                                   f"the body is larger than server.max_request_bytes ({limit})")
+                    raise _too_large(limit)
                 await services.run_locked(job, jobs.ingest_piece, job, req, chunk)
             await services.run_locked(job, jobs.ingest_piece, job, req, None)
         except ApiError as e:
@@ -206,10 +211,7 @@ async def diagnose(
 ) -> Report | Response:
     settings = services.settings
     limit = settings.server.max_request_bytes
-    fmt_ = pick_format(request.headers.get("content-type"), fmt)
-    source = source_from_headers(request.headers)
-    _check_length(request, limit)
-    decoder = Decoder(request.headers.get("content-encoding"), limit)
+    fmt_, source, decoder = _upload(request, fmt, limit)
     parser = make_parser(fmt_, source, settings.input.max_line_bytes)
     session = engine.new_session()
     received = 0
@@ -227,7 +229,7 @@ async def diagnose(
             received += len(chunk)
             services.metrics.bytes.labels(fmt_.value).inc(len(chunk))
             if received > limit:
-                raise ApiError(413, "request_too_large", f"the body is larger than server.max_request_bytes ({limit})")
+                raise _too_large(limit)
             await services.run(piece, chunk)
         await services.run(piece, None)
     except ApiError:

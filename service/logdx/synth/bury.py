@@ -65,8 +65,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
 from logdx.synth.cascade import Fate, end_job, time_out_survivors, watchdog_abort
-from logdx.synth.flavours import FLAVOURS
-from logdx.synth.generate import make_job
+from logdx.synth.generate import check_job_shape, make_job
 from logdx.synth.job import Job
 from logdx.synth.scenarios import _NCCL_ERROR_FRAMES
 from logdx.synth.sink import Burst
@@ -267,14 +266,7 @@ def bury(
         raise ValueError("nothing to bury: real_lines is empty")
     if any("\n" in line for line in real_lines):
         raise ValueError("real_lines must be single lines (no '\\n')")
-    if style not in STYLES:
-        raise ValueError(f"unknown style {style!r}; choose from {', '.join(STYLES)}")
-    if flavour != "auto" and flavour not in FLAVOURS:
-        raise ValueError(f"unknown flavour {flavour!r}; choose from auto, {', '.join(FLAVOURS)}")
-    if ranks < 2:
-        raise ValueError("a multi-rank job needs ranks >= 2")
-    if gpus_per_host < 1:
-        raise ValueError("gpus_per_host must be >= 1")
+    check_job_shape(style, flavour, ranks, gpus_per_host)
     if culprit_rank is not None and not 0 <= culprit_rank < ranks:
         raise ValueError(f"culprit_rank must be in [0, {ranks})")
     real_lines = list(real_lines)

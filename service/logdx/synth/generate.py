@@ -100,23 +100,28 @@ def _check(scenario: str, style: str, flavour: str, ranks: int, gpus_per_host: i
            noise: float) -> Scenario:
     if scenario not in REGISTRY:
         raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(REGISTRY)}")
-    if gpus_per_host < 1:
-        raise ValueError("gpus_per_host must be >= 1")
+    check_job_shape(style, flavour, ranks, gpus_per_host)
     hosts = -(-ranks // gpus_per_host)
     if hosts < REGISTRY[scenario].min_hosts:
         raise ValueError(f"{scenario} needs at least {REGISTRY[scenario].min_hosts} hosts; "
                          f"{ranks} ranks with {gpus_per_host} GPUs per host make {hosts}")
+    if not 0.0 < fail_at <= 1.0:
+        raise ValueError("fail_at must be in (0, 1]")
+    if noise < 0:
+        raise ValueError("noise must be >= 0")
+    return REGISTRY[scenario]
+
+
+def check_job_shape(style: str, flavour: str, ranks: int, gpus_per_host: int) -> None:
+    """The arguments every generated job shares (a scenario's or a burial's); ValueError names the bad one."""
     if style not in STYLES:
         raise ValueError(f"unknown style {style!r}; choose from {', '.join(STYLES)}")
     if flavour != "auto" and flavour not in FLAVOURS:
         raise ValueError(f"unknown flavour {flavour!r}; choose from auto, {', '.join(FLAVOURS)}")
     if ranks < 2:
         raise ValueError("a multi-rank job needs ranks >= 2")
-    if not 0.0 < fail_at <= 1.0:
-        raise ValueError("fail_at must be in (0, 1]")
-    if noise < 0:
-        raise ValueError("noise must be >= 0")
-    return REGISTRY[scenario]
+    if gpus_per_host < 1:
+        raise ValueError("gpus_per_host must be >= 1")
 
 
 def make_job(out: TextIO, *, name: str, seed: int, ranks: int, gpus_per_host: int, lines: int, style: str,
