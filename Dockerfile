@@ -29,9 +29,10 @@ RUN logdx model convert /opt/logdx/model/gemma3-270m
 
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/logdx --create-home logdx
 
+# State (database, spools, index) under LOGDX_DATA_DIR; the model baked into the image stays in /opt.
 ENV LOGDX_RULES_DIR=/opt/logdx/rules \
-    LOGDX_PROMPTS_DIR=/opt/logdx/prompts \
-    LOGDX_STORE__PATH=/var/lib/logdx/logdx.db \
+    LOGDX_DATA_DIR=/var/lib/logdx \
+    LOGDX_LLM__PROMPTS_DIR=/opt/logdx/prompts \
     LOGDX_LLM__CACHE_DIR=/opt/logdx/model \
     LOGDX_SERVER__HOST=0.0.0.0 \
     LOGDX_SERVER__PORT=8077

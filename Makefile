@@ -7,8 +7,9 @@ SHARED ?= ../shared/data
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export LOGDX_LLM__CACHE_DIR ?= $(CURDIR)/.cache/logdx
+LINTED := service tests bench tools
 
-.PHONY: all install demo test test-fast eval eval-buried bench bench-serve lint clean
+.PHONY: all install demo test test-fast eval eval-buried bench bench-serve lint clean catalog
 
 all: test
 
@@ -26,18 +27,31 @@ demo: $(STAMP)
 	$(PY) -m logdx.synth --scenario xid79 --ranks 64 --lines 200000 --seed 7 -o .cache/demo/job.log
 	$(VENV)/bin/diagnose .cache/demo/job.log --no-llm --color
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q
 
+# Unit tests only (no model loading, no subprocesses, no servers): well under a minute.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not integration" -p no:cacheprovider
 
+lint: $(STAMP)
+	$(VENV)/bin/ruff check $(LINTED)
+
+# The labelled real failure logs: our corpus (eval/corpus, a source URL and a thread-settled label
+# each) and the shared development sample. `make eval` prints accuracy, crashes called healthy,
+# healthy runs called failed, calibration and what each later stage adds (leave-one-out).
+EVAL_SETS ?= eval/corpus $(SHARED)/failures-dev
 eval: $(STAMP)
-	$(PY) -m logdx.evaluate $(SHARED)/failures-dev
+	$(PY) -m logdx.evaluate $(EVAL_SETS) --stages
 
-BURY ?= 3
+BURY ?= 1
 eval-buried: $(STAMP)
-	$(PY) -m logdx.evaluate $(SHARED)/failures-dev --bury $(BURY)
+	$(PY) -m logdx.evaluate $(EVAL_SETS) --no-llm --no-retrieval --bury $(BURY)
+
+# The error catalog (service/logdx/kb/catalog.jsonl.gz) from the frameworks' own code, at the versions
+# pinned in tools/catalog/sources.toml; downloads from PyPI are cached in .cache/catalog.
+catalog: $(STAMP)
+	$(PY) tools/catalog/build_catalog.py
 
 bench: $(STAMP)
 	@mkdir -p bench-results

@@ -26,10 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "service"))
 sys.path.insert(0, str(REPO / "bench"))
 
-import logdx.compress as new_compress  # noqa: E402
-import logdx.normalize as new_normalize  # noqa: E402
-from logdx.diagnose.rules import default_rules_dir, load_rules  # noqa: E402
-from logdx.patterns import mask  # noqa: E402
+import logdx.compress as new_compress
+import logdx.normalize as new_normalize
+from logdx.diagnose.rules import default_rules_dir, load_rules
+from logdx.patterns import mask
 
 FILES = ("normalize", "compress", "patterns")
 
@@ -76,13 +76,13 @@ def main() -> int:
     loghub_raw = [line for p in sorted(glob.glob(str(REPO.parent / "shared/data/loghub-2k/*/*_2k.log")))
                   for line in open(p, "rb")]
 
-    def normalize_all(module, raw, no_cache=False, keep=False):  # noqa: ANN001, ANN202
+    def normalize_all(module, raw, no_cache=False, keep=False):
         n = module.Normalizer()
         if no_cache:
             n._cache_limit = -1  # every line planned afresh: the regex work without the shape cache
         norm = n.normalize
 
-        def run():  # noqa: ANN202 - records are not kept while timed: in the pipeline they are transient
+        def run():
             if keep:
                 return [norm(x) for x in raw]
             for x in raw:
@@ -100,7 +100,7 @@ def main() -> int:
     lh_new = normalize_all(new_normalize, loghub_raw, keep=True)()
     same = {} if args.new_defaults else {"drain_depth": 4, "drain_sim_th": 0.4, "drain_match_params": False}
 
-    def compress_all(module, recs, config):  # noqa: ANN001, ANN202
+    def compress_all(module, recs, config):
         def run() -> None:
             c = module.Compressor(config, also_error=rules.could_match)
             add = c.add

@@ -41,17 +41,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "service"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from drain3 import TemplateMiner  # noqa: E402
-from drain3.masking import MaskingInstruction  # noqa: E402
-from drain3.template_miner_config import TemplateMinerConfig  # noqa: E402
+from drain3 import TemplateMiner
+from drain3.masking import MaskingInstruction
+from drain3.template_miner_config import TemplateMinerConfig
 
-import loghub  # noqa: E402
-from logdx.compress import CompressConfig, Compressor  # noqa: E402
-from logdx.config import load_settings  # noqa: E402
-from logdx.diagnose.rules import default_rules_dir, load_rules  # noqa: E402
-from logdx.model import Record  # noqa: E402
-from logdx.normalize import Normalizer, iter_lines, open_input  # noqa: E402
-from logdx.patterns import MASK_ALTERNATIVES, MASK_AT_START, MASK_DATE_WORDS, MASK_GUARD  # noqa: E402
+import loghub
+from logdx.compress import CompressConfig, Compressor
+from logdx.config import load_settings
+from logdx.diagnose.rules import default_rules_dir, load_rules
+from logdx.model import Record
+from logdx.normalize import Normalizer, iter_lines, open_input
+from logdx.patterns import MASK_ALTERNATIVES, MASK_AT_START, MASK_DATE_WORDS, MASK_GUARD
 
 CACHE = REPO / ".cache" / "bench"
 LOGHUB = Path(os.environ.get("LOGHUB_DIR", REPO.parent / "shared" / "data" / "loghub-2k"))
@@ -97,7 +97,7 @@ def stock_drain3(config: CompressConfig) -> TemplateMiner:
     return TemplateMiner(config=c)
 
 
-def logdx_compressor(also_error=None) -> Compressor:  # noqa: ANN001
+def logdx_compressor(also_error=None) -> Compressor:
     return Compressor(CompressConfig(), also_error=also_error)
 
 
@@ -160,7 +160,7 @@ def _time_streaming(normalizer: Normalizer, compressor: Compressor | None, raw: 
     return time.perf_counter() - t0
 
 
-def bench_training(path: Path, repeats: int, batch: int, also_error) -> dict:  # noqa: ANN001
+def bench_training(path: Path, repeats: int, batch: int, also_error) -> dict:
     """Read the training log in batches. Each batch is normalized once (untimed) for the two miners,
     which then take the same records/texts in turn (timed: compress alone); normalize alone and
     normalize + compress are timed streaming, line by line, on separate instances."""
@@ -240,7 +240,7 @@ def _grouping_on_errors(compressor: Compressor, miner: TemplateMiner, logdx_ids:
     }
 
 
-def bench_loghub_throughput(datasets: list[loghub.Dataset], repeats: int, also_error) -> dict:  # noqa: ANN001
+def bench_loghub_throughput(datasets: list[loghub.Dataset], repeats: int, also_error) -> dict:
     raw = [line.encode() for d in datasets for line in d.raw]
     size = sum(len(r) + 1 for r in raw)
     best = Pass(0.0, *(float("inf"),) * 4)

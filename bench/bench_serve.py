@@ -44,8 +44,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "service"))
 
-from logdx.normalize import Normalizer  # noqa: E402
-from logdx.synth import generate  # noqa: E402
+from logdx.normalize import Normalizer
+from logdx.synth import generate
 
 
 def free_port() -> int:
@@ -66,7 +66,7 @@ class Receiver:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 now = time.monotonic()
                 try:
@@ -105,6 +105,9 @@ class Receiver:
 
 # --- the server ------------------------------------------------------------------------------------
 
+# No token on loopback: a POST must say it is not a web page's (an X- header, or a JSON body).
+SHIPPER = {"x-requested-with": "logdx-bench"}
+
 
 def start_server(workdir: Path, port: int, receiver: Receiver, debounce: float, models: bool) -> subprocess.Popen:
     config = {
@@ -118,7 +121,7 @@ def start_server(workdir: Path, port: int, receiver: Receiver, debounce: float, 
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOGDX_")}
     env.update({"LOGDX_CONFIG": str(workdir / "config.yaml"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 "PYTHONPATH": str(REPO / "service")})
-    log = open(workdir / "server.log", "ab")  # noqa: SIM115
+    log = open(workdir / "server.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "logdx.api", "--port", str(port), "--log-level", "warning"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     deadline = time.monotonic() + 300
@@ -175,8 +178,9 @@ def make_job(scenario: str, seed: int, lines: int, streams: int, chunk_lines: in
     return Job(chunked, truth.lines_written, root_stream, root_chunk)
 
 
-async def stream_job(url: str, job_id: str, job: Job, marks: dict[str, float]) -> int:
-    """Upload every stream concurrently; returns the lines the server accepted."""
+async def stream_job(url: str, job_id: str, job: Job, marks: dict[str, float], spread_to: list[str] | None = None) -> int:
+    """Upload every stream concurrently; returns the lines the server accepted. With `spread_to`
+    (several replicas), stream s goes to spread_to[s % len(spread_to)]."""
 
     async def body(s: int) -> AsyncIterator[bytes]:
         for i, chunk in enumerate(job.streams[s]):
@@ -186,12 +190,13 @@ async def stream_job(url: str, job_id: str, job: Job, marks: dict[str, float]) -
             await asyncio.sleep(0)
 
     async def one(client: httpx.AsyncClient, s: int) -> int:
-        r = await client.post(f"/v1/jobs/{job_id}/logs", content=body(s), headers={"content-type": "text/plain"})
+        base = spread_to[s % len(spread_to)] if spread_to else ""
+        r = await client.post(f"{base}/v1/jobs/{job_id}/logs", content=body(s), headers={"content-type": "text/plain"})
         r.raise_for_status()
         return r.json()["accepted_lines"]
 
     limits = httpx.Limits(max_connections=len(job.streams))
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, headers=SHIPPER, timeout=600, limits=limits) as client:
         return sum(await asyncio.gather(*(one(client, s) for s in range(len(job.streams)))))
 
 
@@ -233,7 +238,7 @@ def main() -> int:
             mb = sum(len(c) for s in big.streams for c in s) / 1e6
             print(f"  {accepted} lines, {mb:.1f} MB in {elapsed:.2f} s: {rate:,.0f} lines/s ({mb / elapsed:.1f} MB/s)")
             t_end = time.monotonic()
-            final = httpx.post(f"{url}/v1/jobs/bench-throughput/end", timeout=600).json()
+            final = httpx.post(f"{url}/v1/jobs/bench-throughput/end", json={}, timeout=600).json()
             print(f"  final diagnosis in {time.monotonic() - t_end:.2f} s: {final['category']}/{final['failure_type']}")
 
             latencies: list[float] = []
@@ -247,7 +252,7 @@ def main() -> int:
                     print(f"  {job_id}: no alert within 60 s")
                     continue
                 latencies.append(arrived - marks["root_sent"])
-                httpx.post(f"{url}/v1/jobs/{job_id}/end", timeout=60)
+                httpx.post(f"{url}/v1/jobs/{job_id}/end", json={}, timeout=60)
             metrics = httpx.get(f"{url}/metrics", timeout=10).text
         finally:
             proc.send_signal(signal.SIGTERM)

@@ -28,11 +28,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "service")); sys.path.insert(0, str(REPO / "bench"))
-from ab_fastpath import load_revision  # noqa: E402
-import logdx.compress as C  # noqa: E402
-import logdx.normalize as N  # noqa: E402
-import logdx.patterns as P  # noqa: E402
-from logdx.diagnose.rules import default_rules_dir, load_rules  # noqa: E402
+import logdx.compress as C
+import logdx.normalize as N
+import logdx.patterns as P
+from ab_fastpath import load_revision
+from logdx.diagnose.rules import default_rules_dir, load_rules
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("--rev", default="HEAD")

@@ -6,29 +6,26 @@ from __future__ import annotations
 import base64
 import json
 import os
-import sqlite3
 import threading
 import time
 
 import pytest
 
-from logdx.act.alerts import Outbox, OutboxWorker, sign, slack_payload, verify
+from logdx.act.alerts import Alert, Outbox, OutboxWorker, sign, slack_payload, verify
 from logdx.act.report import CompressionFigures, Culprits, Report, RootCause
 from logdx.config import AlertsSettings
 from logdx.store import open_db
-from support import Clock, load_receiver
-
-receiver = load_receiver()
+from logdx.testing import Clock
 
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef01234567").decode()
 
 
-def make_report(line_no: int = 18233, **kw) -> Report:
+def make_report(line_no: int = 18233, root: str = "[rank42]: NVRM: Xid (PCI:0000:8a:00): 48, <DBE> & more",
+                **kw) -> Report:
     base = dict(
         status="failed", category="infrastructure", failure_type="ecc_error", action="cordon_and_restart",
         confidence=0.97, culprits=Culprits(hosts=["node-17"], ranks=[42], gpus=["0000:8a:00.0"]),
-        root_cause=RootCause(line_no=line_no, text="[rank42]: NVRM: Xid (PCI:0000:8a:00): 48, <DBE> & more",
-                             rank=42, host="node-17"),
+        root_cause=RootCause(line_no=line_no, text=root, rank=42, host="node-17"),
         evidence=[], explanation="Double-bit ECC error on GPU 0000:8a:00.0 of node-17 (rank 42).",
         hint="Drain node-17, reset the GPU, restart from the last checkpoint.",
         compression=CompressionFigures(lines_in=100, templates=10, lines_kept=5), timings_ms={},
@@ -38,21 +35,20 @@ def make_report(line_no: int = 18233, **kw) -> Report:
 
 
 @pytest.fixture
-def rx():
+def db(backend_db):
+    """Every test here runs on SQLite and on PostgreSQL."""
+    return backend_db
+
+
+@pytest.fixture
+def rx(receiver):
     with receiver.Receiver() as r:
         yield r
 
 
-@pytest.fixture
-def db(tmp_path):
-    d = open_db(tmp_path / "logdx.db")
-    yield d
-    d.close()
-
-
 def settings(rx, **kw) -> AlertsSettings:
     base = {"webhooks": [{"url": rx.url + "/hook?token=abc", "secret": SECRET}], "backoff_initial_s": 2.0,
-            "backoff_max_s": 60.0, "max_attempts": 4, "timeout_s": 5.0}
+            "backoff_max_s": 60.0, "max_attempts": 4, "timeout_s": 5.0, "node_dedup_s": 0}
     base.update(kw)
     return AlertsSettings(**base)
 
@@ -111,9 +107,10 @@ def test_webhook_is_delivered_signed_with_the_report(rx, db):
     assert out.counters[("webhook", "ok")] == 1
 
 
-def test_slack_message_says_what_failed_where_and_what_to_do():
+def test_slack_message_says_what_failed_where_what_is_recommended_and_what_was_done():
     report = make_report()
-    msg = slack_payload("job-1", report, "https://logdx.example.com/v1/reports/abc")
+    done = ("cordon node-17: refused (safety limit: 2 node(s) already cordoned in the last 3600 s)",)
+    msg = slack_payload(Alert("job-1", report, done), "https://logdx.example.com/v1/reports/abc")
     text = json.dumps(msg)
     assert "job-1" in msg["text"] and "ecc_error" in msg["text"]
     header = msg["blocks"][0]
@@ -123,15 +120,20 @@ def test_slack_message_says_what_failed_where_and_what_to_do():
     assert fields["Category"] == "infrastructure"
     assert "ecc_error" in fields["Failure type"]
     assert "node-17" in fields["Culprit"] and "rank 42" in fields["Culprit"]
-    assert "Cordon" in fields["Action"]
+    assert "Cordon the node, then restart" in fields["Recommended"]
     assert fields["Confidence"] == "0.97"
+    assert "*Done*\ncordon node-17: refused (safety limit" in text.replace("\\n", "\n")
+    assert "refused" in msg["text"]
     assert "line 18233" in text
     # Slack's three escapes, in the root line too.
     assert "&lt;DBE&gt; &amp; more" in text and "<DBE>" not in text
     assert "Drain node-17" in text
     assert "<https://logdx.example.com/v1/reports/abc|" in text
     # No link without a public URL.
-    assert "/v1/reports/" not in json.dumps(slack_payload("job-1", report, None))
+    assert "/v1/reports/" not in json.dumps(slack_payload(Alert("job-1", report), None))
+    # A time limit is resubmitted, never called "do not restart".
+    limit = make_report(failure_type="time_limit", action="restart", hint="Resubmit from the last checkpoint.")
+    assert "Resubmit from the last checkpoint" in json.dumps(slack_payload(Alert("job-1", limit), None))
 
 
 def test_slack_delivery_over_http(rx, db):
@@ -183,8 +185,10 @@ def test_one_alert_per_job_and_diagnosis_even_across_restarts(rx, tmp_path):
     out = Outbox(d, settings(rx))
     assert out.enqueue("job-1", report) is False
     assert out.deliver_due() == 0
+    # The same diagnosis seen at another line (a replay after a crash shifts line numbers) is no new alert.
+    assert out.enqueue("job-1", make_report(line_no=99)) is False
     # A changed diagnosis (another root line, another type) or another job is new.
-    assert out.enqueue("job-1", make_report(line_no=99)) is True
+    assert out.enqueue("job-1", make_report(root="[rank42]: NVRM: Xid (PCI:0000:8a:00): 48, again")) is True
     assert out.enqueue("job-1", make_report(failure_type="nvlink_error")) is True
     assert out.enqueue("job-2", report) is True
     assert out.deliver_due() == 3
@@ -319,18 +323,66 @@ def test_worker_delivers_in_the_background(rx, db):
     assert out.history()[0]["status"] == "delivered"
 
 
-def test_a_bare_sqlite_connection_works_too(rx, tmp_path):
-    conn = sqlite3.connect(tmp_path / "x.db", isolation_level=None, check_same_thread=False)
-    out = Outbox(conn, settings(rx))
-    assert out.enqueue("job-1", make_report())
-    assert out.deliver_due() == 1
-    assert out.enqueue("job-1", make_report()) is False
-    conn.close()
-
-
 def test_environment_is_not_consulted_for_destinations(rx, db, monkeypatch):
     # Destinations come from settings only; an alert never goes anywhere else.
     monkeypatch.setenv("LOGDX_ALERTS__WEBHOOKS", rx.url + "/evil")
     out = Outbox(db, AlertsSettings())
     assert out.enqueue("job-1", make_report()) is False
     assert os.environ["LOGDX_ALERTS__WEBHOOKS"]  # still there, unused
+
+
+# -- what was done, dedup across jobs, resolved -----------------------------------------------------
+
+
+def test_jobs_sharing_a_bad_node_alert_once_within_the_window(rx, db):
+    clock = Clock()
+    out = Outbox(db, settings(rx, node_dedup_s=3600), clock=clock)
+    assert out.enqueue("job-1", make_report()) is True
+    clock.t += 600
+    assert out.enqueue("job-2", make_report(root="node-17: NVRM: Xid (PCI:0000:8a:00): 48, later")) is False
+    assert out.counters[("enqueue", "folded")] == 1
+    assert out.enqueue("job-3", make_report(failure_type="nvlink_error")) is True  # another failure type
+    other = make_report(culprits=Culprits(hosts=["node-18"], ranks=[1]))
+    assert out.enqueue("job-4", other) is True  # another node
+    clock.t += 3600
+    assert out.enqueue("job-5", make_report()) is True  # outside the window
+    assert out.deliver_due() == 4
+
+
+def test_resolved_follows_an_alert_when_the_job_succeeds_or_the_node_comes_back(rx, db):
+    out = Outbox(db, settings(rx))
+    assert out.enqueue("job-1", make_report(), ["cordon node-17: done (ran: scontrol ...)"])
+    assert out.enqueue("job-2", make_report(culprits=Culprits(hosts=["node-9"], ranks=[1])))
+    assert out.resolve_job("job-1", "job-1 succeeded after a restart") == 1
+    assert out.resolve_job("job-1", "again") == 0  # once
+    assert out.resolve_job("job-unknown", "x") == 0  # nothing was alerted about it
+    assert out.resolve_node("NODE-9", "node-9 is back in service") == 1
+    assert out.deliver_due() == 4
+    bodies = [r.json() for r in rx.wait_for(4)]
+    assert [b["type"] for b in bodies] == ["logdx.diagnosis", "logdx.diagnosis", "logdx.resolved", "logdx.resolved"]
+    assert bodies[0]["data"]["done"] == ["cordon node-17: done (ran: scontrol ...)"]
+    assert bodies[0]["data"]["recommended"] == "Cordon the node, then restart"
+    assert bodies[2]["data"]["resolved"] == "job-1 succeeded after a restart" and bodies[2]["data"]["job_id"] == "job-1"
+    assert bodies[3]["data"]["job_id"] == "job-2"
+
+
+def test_the_alert_states_the_recommendation_and_what_was_actually_done(rx, db, tmp_path):
+    from logdx.act.respond import Responder
+    from logdx.config import Settings
+    from logdx.testing import failed_report
+
+    alerts = {"webhooks": [{"url": rx.url + "/hook", "secret": SECRET}], "node_dedup_s": 0}
+    refused = Responder(db, Settings(alerts=alerts, actions={"actuator": "slurm", "dry_run": False,
+                                                            "max_cordons": 0, "scontrol": "/bin/false"}))
+    resp = refused.respond("job-1", failed_report())
+    assert resp.alert_queued and [a.outcome for a in resp.actions] == ["refused"]
+    dry = Responder(db, Settings(alerts=alerts, actions={"actuator": "slurm"}))
+    assert dry.respond("job-2", failed_report()).alert_queued
+    unnamed = Responder(db, Settings(alerts=alerts, actions={"actuator": "slurm", "dry_run": False}))
+    assert unnamed.respond("job-3", failed_report(hosts=())).alert_queued
+    refused.outbox.deliver_due()
+    done = [r.json()["data"]["done"] for r in rx.wait_for(3)]
+    assert done[0] == ["cordon node-17: refused (safety limit: 0 node(s) already cordoned in the last 3600 s (-); "
+                       "actions.max_cordons=0)"]
+    assert done[1][0].startswith("cordon node-17: dry run, nothing changed (would run: scontrol update NodeName=node-17")
+    assert done[2][0].startswith("cordon: refused (node name unknown")

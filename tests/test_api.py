@@ -9,12 +9,10 @@ import random
 import time
 from collections.abc import AsyncIterator, Iterator
 
-
 import httpx
 import pytest
 
-from logdx.act.alerts import verify
-from test_api_support import (
+from api_server import (
     WEBHOOK_SECRET,
     Receiver,
     Server,
@@ -24,6 +22,7 @@ from test_api_support import (
     shipped_job,
     start_receiver,
 )
+from logdx.act.alerts import verify
 
 EXPECTED = {"status": "failed", "category": "infrastructure", "failure_type": "gpu_fell_off_bus",
             "action": "cordon_and_restart"}
@@ -86,7 +85,7 @@ def test_64_ranks_streamed_concurrently_early_alert_then_final_diagnosis(server:
 
     async def run() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=64)
-        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
+        async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=60, limits=limits) as client:
             return await asyncio.gather(*(stream(client, r) for r in range(64)))
 
     t0 = time.monotonic()

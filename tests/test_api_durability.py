@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
+from api_server import WEBHOOK_SECRET, Server, make_job, root_line_of, start_receiver
 from logdx.act.alerts import verify
-from test_api_support import WEBHOOK_SECRET, Server, make_job, root_line_of, start_receiver
 
 JOB = "durable-job-1"
 

@@ -11,17 +11,29 @@ from pathlib import Path
 import pytest
 
 from logdx.api.errors import ApiError
-from logdx.api.ingest import Batch, Decoder, Format, JsonParser, TextParser, parse_ts, pick_format
+from logdx.api.ingest import Decoder
 from logdx.api.limits import TokenBucket, check_job_id, is_loopback, token_matches
 from logdx.api.spool import DATA, END, InstanceLock, Spool, decode_runs, encode_runs
+from logdx.formats import Batch, FormatError, Meta, choose
+from logdx.formats.fields import parse_ts
+from logdx.formats.records import RecordsParser
+from logdx.formats.text import TextParser
 from logdx.normalize import Source
 
 
 def _lines(batches: list[Batch]) -> list[tuple[Source, bytes]]:
-    return [(s, line) for b in batches for s, lines in b.runs for line in lines]
+    return [(s, line) for b in batches for _, s, lines in b.runs for line in lines]
 
 
-def _feed_all(parser, data: bytes, step: int) -> list[tuple[Source, bytes]]:  # noqa: ANN001
+def JsonParser(source: Source, max_line: int, max_record: int) -> RecordsParser:
+    return RecordsParser(Meta(source=source, job="j", max_line_bytes=max_line, max_record_bytes=max_record))
+
+
+def _text(source: Source, max_line: int) -> TextParser:
+    return TextParser(Meta(source=source, job="j", max_line_bytes=max_line))
+
+
+def _feed_all(parser, data: bytes, step: int) -> list[tuple[Source, bytes]]:
     batches = [parser.feed(data[i:i + step]) for i in range(0, len(data), step)]
     batches.append(parser.finish())
     return _lines(batches)
@@ -31,13 +43,13 @@ def test_text_lines_reassembled_across_any_split() -> None:
     data = b"first line\r\nsecond \xff\xfe line\n\nfourth\nno newline at the end"
     expected = [b"first line\r", b"second \xff\xfe line", b"", b"fourth", b"no newline at the end"]
     for step in (1, 2, 3, 7, 64, len(data)):
-        got = _feed_all(TextParser(Source(rank=3), 1024), data, step)
+        got = _feed_all(_text(Source(rank=3), 1024), data, step)
         assert [line for _, line in got] == expected, step
         assert all(s.rank == 3 for s, _ in got)
 
 
 def test_text_long_line_is_cut_in_bounded_memory() -> None:
-    parser = TextParser(Source(), 300)
+    parser = _text(Source(), 300)
     data = b"short\n" + b"x" * 10_000 + b"\nafter\n"
     got = [line for _, line in _feed_all(parser, data, 1000)]
     assert got == [b"short", b"x" * 301, b"after"]  # one byte over the limit: the normaliser marks it
@@ -45,11 +57,11 @@ def test_text_long_line_is_cut_in_bounded_memory() -> None:
 
 
 def test_binary_text_refused() -> None:
-    with pytest.raises(ApiError) as e:
-        _feed_all(TextParser(Source(), 1024), os.urandom(5000), 512)
+    with pytest.raises(FormatError) as e:
+        _feed_all(_text(Source(), 1024), os.urandom(5000), 512)
     assert e.value.code == "binary_content"
     ansi = b"\x1b[32mINFO\x1b[0m colourful but fine\n" * 100
-    assert len(_feed_all(TextParser(Source(), 1024), ansi, 100)) == 100
+    assert len(_feed_all(_text(Source(), 1024), ansi, 100)) == 100
 
 
 RECORDS = [
@@ -91,30 +103,37 @@ def test_json_records_any_shape_any_split(shape: str) -> None:
                                   b'{"log": "a"', b"[1, 2]", b'{"log": "a\\', b'[{"log": tru}]'])
 def test_json_malformed(body: bytes) -> None:
     parser = JsonParser(Source(), 1024, 1 << 20)
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(FormatError) as e:
         parser.feed(body)
         parser.finish()
-    assert e.value.status == 400 and e.value.code == "malformed_json"
+    assert e.value.kind == "bad" and e.value.code == "malformed_json"
 
 
 def test_json_record_size_bounded() -> None:
     parser = JsonParser(Source(), 1024, 10_000)
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(FormatError) as e:
         for _ in range(10):
             parser.feed(b'[{"log": "' + b"x" * 2000)
-    assert e.value.status == 413 and e.value.code == "record_too_large"
+    assert e.value.kind == "too_large" and e.value.code == "record_too_large"
 
 
 def test_formats_by_content_type() -> None:
-    assert pick_format(None) is Format.TEXT
-    assert pick_format("text/plain; charset=utf-8") is Format.TEXT
-    assert pick_format("application/x-www-form-urlencoded") is Format.TEXT  # curl's default
-    assert pick_format("application/json") is Format.JSON
-    assert pick_format("application/x-ndjson") is Format.JSON
-    assert pick_format("application/vnd.vector+json") is Format.JSON
-    assert pick_format("application/xml", "text") is Format.TEXT
-    with pytest.raises(ApiError):
-        pick_format("image/png")
+    def name(content_type: str | None, fmt: str | None = None) -> str:
+        return choose(Meta(job="j"), name=fmt, content_type=content_type)[0]
+
+    assert name(None) == "text"
+    assert name("text/plain; charset=utf-8") == "text"
+    assert name("application/x-www-form-urlencoded") == "text"  # curl's default
+    assert name("application/json") == "auto"  # JSON records, or an OTLP / Loki document: its first bytes say
+    assert name("application/x-ndjson") == "auto"
+    assert name("application/vnd.vector+json") == "auto"
+    assert name("application/msgpack") == "msgpack"
+    assert name("application/x-protobuf") == "otlp"
+    assert name("application/xml", "text") == "text"
+    assert name(None, "json") == "ndjson"
+    with pytest.raises(FormatError) as e:
+        name("image/png")
+    assert e.value.kind == "unsupported"
 
 
 def test_timestamps() -> None:
@@ -127,22 +146,42 @@ def test_timestamps() -> None:
     assert parse_ts("yesterday") is None and parse_ts(True) is None and parse_ts(float("nan")) is None
 
 
+def _decode(d: Decoder, blob: bytes, step: int) -> bytes:
+    out = [piece for i in range(0, len(blob), step) for piece in d.feed(blob[i:i + step])]
+    return b"".join(out) + b"".join(d.finish())
+
+
 def test_decoder_gzip_members_deflate_sniff_and_bomb() -> None:
     text = b"line one\nline two\n" * 100
     for blob, enc in ((gzip.compress(text[:900]) + gzip.compress(text[900:]), "gzip"),
                       (zlib.compress(text), "deflate"), (gzip.compress(text), None), (text, None)):
-        d = Decoder(enc, 1 << 20)
-        out = b"".join(d.feed(blob[i:i + 7]) for i in range(0, len(blob), 7)) + d.finish()
-        assert out == text, enc
-    d = Decoder("gzip", 10_000)
+        assert _decode(Decoder(enc, 1 << 20, 1 << 20, 200), blob, 7) == text, enc
     with pytest.raises(ApiError) as e:
-        d.feed(gzip.compress(b"\0" * 1_000_000))
-    assert e.value.status == 413
-    d = Decoder("gzip", 1 << 20)
-    d.feed(gzip.compress(text)[:-10])
+        _decode(Decoder("gzip", 10_000, 1 << 20, 200), gzip.compress(b"\0" * 1_000_000), 1 << 20)
+    assert e.value.status == 413 and e.value.code == "request_too_large"
     with pytest.raises(ApiError) as e:
-        d.finish()
+        _decode(Decoder("gzip", 1 << 20, 1 << 20, 200), gzip.compress(text)[:-10], 1 << 20)
     assert e.value.code == "bad_encoding"
+
+
+def test_decoder_pieces_are_bounded_and_bombs_refused_early() -> None:
+    """A 1 MB body of newlines inflates to ~1 GB: never more than a piece at a time, refused by its ratio."""
+    bomb = gzip.compress(b"\n" * (1 << 30), 9)
+    assert len(bomb) < 1_100_000
+    d = Decoder("gzip", 1 << 40, 1 << 40, 200)
+    largest = 0
+    with pytest.raises(ApiError) as e:
+        for i in range(0, len(bomb), 65536):
+            for piece in d.feed(bomb[i:i + 65536]):
+                largest = max(largest, len(piece))
+    assert e.value.status == 413 and e.value.code == "inflate_limit"
+    assert largest <= 1 << 20 and d.decoded < 20 << 20
+    # one received chunk may not inflate past its own cap either
+    d = Decoder("gzip", 1 << 40, 4 << 20, 1e9)
+    with pytest.raises(ApiError) as e:
+        for _ in d.feed(bomb):
+            pass
+    assert e.value.code == "inflate_limit"
 
 
 def test_spool_round_trip_and_torn_tail(tmp_path: Path) -> None:

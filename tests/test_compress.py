@@ -192,8 +192,8 @@ def test_telling_words_apart_can_be_turned_off():
 
 def test_a_template_with_too_many_variants_is_never_split():
     # Two positions of a few words each: 4 x 4 variants, over a cap of 8.
-    texts = [f"op {i} done: {a} on {b}" for i in range(64) for a, b in [("read write sync trim".split()[i % 4],
-                                                                        "disk tape net mem".split()[i // 16])]]
+    texts = [f"op {i} done: {a} on {b}" for i in range(64) for a, b in [(["read", "write", "sync", "trim"][i % 4],
+                                                                        ["disk", "tape", "net", "mem"][i // 16])]]
     c, _ = _raw_feed(texts, CompressConfig(max_variants_per_template=8))
     (t,) = c.templates()
     assert t.count == 64
@@ -206,3 +206,17 @@ def test_merged_ids_keep_templates_that_differ_in_a_word():
 
     assert _covers(["VM", "<*>", "(Lifecycle", "Event)"], ["VM", "Paused", "(Lifecycle", "Event)"])
     assert not _covers(["VM", "Resumed", "<*>"], ["VM", "Paused", "<*>"])
+
+
+def test_lines_that_name_a_rank_and_its_host_in_words_map_the_rank():
+    lines = [
+        "2047: MPICH ERROR [Rank 2047] [job id 57638547.0] [Fri Aug 28 22:45:13 2026] [nid004069] - Abort(1)",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2024-05-01_12:30:09",
+        "  host      : gpu-node-07",
+        "  rank      : 12 (local_rank: 4)",
+        "  exitcode  : -9 (pid: 1234)",
+    ]
+    c, _ = _feed(lines)
+    assert c.summary().rank_hosts == {2047: "nid004069", 12: "gpu-node-07"}

@@ -118,3 +118,69 @@ def test_exception_whose_message_is_a_traceback():
              "    x = self.items[idx]", "IndexError: list index out of range"]
     (ev,) = [e for e in _events(lines) if e.kind == "traceback"]
     assert ev.exception_type == "IndexError" and ev.anchor.line_no == 4
+
+
+# -- any exception, and which exception wraps which ----------------------------------------------------
+
+
+def test_any_class_name_closes_a_traceback():
+    for line in ("BackendCompilerFailed: backend='inductor' raised:",
+                 "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 135200",
+                 "deepspeed.runtime.zero.utils.ZeRORuntimeException: Parameter is not available"):
+        tb = [e for e in _events([*TB[:-1], line]) if e.kind == "traceback"]
+        assert tb and tb[0].exception_type == line.split(":")[0], line
+
+
+def test_a_module_qualified_exception_on_its_own_line_is_one():
+    events = _events(["pyarrow.lib.ArrowInvalid: JSON parse error: Column() changed from object to array in row 0"])
+    assert [e.exception_type for e in events] == ["pyarrow.lib.ArrowInvalid"]
+
+
+def test_logger_names_and_levels_are_not_exceptions():
+    for line in ("INFO:root:step 10 done", "transformers.trainer: saving model checkpoint to out/"):
+        assert not any(e.exception_type for e in _events([*TB[:-1], line])), line
+
+
+def test_a_dataloader_reraise_wraps_the_original_traceback():
+    lines = [
+        "KeyError: Caught KeyError in DataLoader worker process 0.",
+        "Original Traceback (most recent call last):",
+        '  File "/env/lib/python3.8/site-packages/torch/utils/data/_utils/worker.py", line 308, in _worker_loop',
+        "    data = fetcher.fetch(index)",
+        '  File "/home/me/proj/datasets.py", line 216, in __getitem__',
+        "    index = self.ex2emb_idx[name]",
+        "KeyError: 'metro_station_07'",
+    ]
+    events = [e for e in _events(lines) if e.exception_type]
+    wrapper = next(e for e in events if "Caught" in (e.exception_message or ""))
+    inner = wrapper.attrs["wraps"]
+    assert inner.exception_message == "'metro_station_07'" and inner.attrs["wrapped_by"] is wrapper
+
+
+def test_chained_tracebacks_are_linked_in_order():
+    lines = [*TB[:-1], "OSError: [Errno 28] No space left on device", "",
+             "During handling of the above exception, another exception occurred:", "",
+             *TB[:-1], "RuntimeError: could not save the checkpoint"]
+    first, second = [e for e in _events(lines) if e.kind == "traceback"]
+    assert first.attrs["chained_to"] is second and second.attrs["chained_from"] is first
+
+
+def test_an_exception_that_says_raised_wraps_the_next_one():
+    lines = ["torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:",
+             "ImportError: cannot import name 'triton_key' from 'triton.compiler.compiler'"]
+    outer, inner = [e for e in _events(lines) if e.exception_type]
+    assert outer.attrs["wraps"] is inner
+
+
+def test_launcher_exit_lines_carry_the_pid():
+    ev = _events(["E0603 10:30:09.123 api.py:869] failed (exitcode: -9) local_rank: 3 (pid: 14403) of binary: python"])
+    assert ev[0].kind == "signal_exit" and ev[0].attrs == {"exitcode": -9, "pid": 14403}
+
+
+def test_a_line_with_its_own_timestamp_is_not_the_message_going_on():
+    lines = [*TB[:-1], "wandb.errors.Error: You must call wandb.init() before wandb.plot_table()",
+             "Epoch 1/462, Steps:   0%|          | 1/6000 [00:11<15:45:28,  9.46s/it]",
+             "[2024-02-08 09:58:41,845] torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: 1)"]
+    tb = next(e for e in _events(lines) if e.kind == "traceback")
+    assert tb.exception_message == "You must call wandb.init() before wandb.plot_table()"
+    assert not any("exitcode" in r.text or "%|" in r.text for r in tb.lines)

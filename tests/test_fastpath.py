@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import random
 
-from logdx.compress import _ERROR_WORDS, _PROGRESS_WORDS, CompressConfig, Compressor, _has_error_word, _has_progress_word
+from logdx.compress import (
+    _ERROR_WORDS,
+    _PROGRESS_WORDS,
+    CompressConfig,
+    Compressor,
+    _has_error_word,
+    _has_progress_word,
+)
 from logdx.normalize import Normalizer
 from logdx.patterns import mask
 
@@ -39,7 +46,7 @@ def _lines(n: int, seed: int) -> list[bytes]:
     return out
 
 
-def _fields(rec) -> tuple:  # noqa: ANN001
+def _fields(rec) -> tuple:
     return tuple(getattr(rec, f) for f in rec.__slots__)
 
 

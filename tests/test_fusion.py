@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from logdx.diagnose.fusion import (
-    FusionWeights,
-    default_action,
-    format_neighbour_evidence,
-    fuse,
-    make_label,
-    parse_evidence_label,
-)
+from logdx.diagnose.fusion import FusionWeights, format_neighbour_evidence, fuse, parse_evidence_label
 from logdx.model import Action, Category, Evidence, Label, StageVote
+from logdx.taxonomy import default_action, make_label
 
 ECC = make_label("infrastructure", "ecc_error")
 XID79 = make_label("infrastructure", "gpu_fell_off_bus")

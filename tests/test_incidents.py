@@ -8,20 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from logdx.diagnose.fusion import HARDWARE_FAILURE_TYPES
 from logdx.incidents import SEED_PATH, Incident, IncidentError, IncidentIn, IncidentStore, mask_text
-from logdx.model import ALL_FAILURE_TYPES, Action, Category, FailureContext
+from logdx.model import Action, Category, FailureContext
 from logdx.store import open_db
+from logdx.taxonomy import is_hardware, taxonomy
 
 # ../shared beside the checkout, as CI has it
 DEV_LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "failures-dev"
 
 
 @pytest.fixture
-def store(tmp_path):
-    db = open_db(tmp_path / "logdx.db")
-    yield IncidentStore(db, seed_path=None)
-    db.close()
+def store(backend_db):
+    return IncidentStore(backend_db, seed_path=None)
 
 
 def ecc_incident(**kw) -> dict:
@@ -67,13 +65,13 @@ def test_seed_is_valid_and_covers_every_canonical_failure_type():
     items = [IncidentIn.model_validate(r) for r in rows]  # raises on any invalid line
     assert len({i.id for i in items}) == len(items)
     covered = {i.failure_type for i in items}
-    assert covered == ALL_FAILURE_TYPES - {"unknown"}
+    assert covered == set(taxonomy().types) - {"unknown"}
     per_type = {ft: sum(i.failure_type == ft for i in items) for ft in covered}
     assert min(per_type.values()) >= 2, per_type
     for i in items:
         assert 1 <= len(i.nearby) <= 5, i.id
         assert i.note, i.id
-        if i.failure_type in HARDWARE_FAILURE_TYPES:
+        if is_hardware(i.failure_type):
             assert i.action is Action.CORDON_AND_RESTART, i.id
         if i.category is not Category.INFRASTRUCTURE:
             assert i.action is Action.NO_RESTART, i.id

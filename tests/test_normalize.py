@@ -123,3 +123,21 @@ def test_srun_task_labels_are_not_ranks_once_torchrun_ranks_appear_inside_them()
     assert n.normalize("5: [rank44]: iteration 3").rank == 44  # `srun -l torchrun ...`: one task per node
     agent = n.normalize("5: W0419 12:00:01.000000 77 api.py:704] Sending process 1 closing signal SIGTERM")
     assert agent.rank is None and agent.text.startswith("W0419")
+
+
+def test_more_launcher_prefixes_name_rank_host_and_pid():
+    n = Normalizer()
+    r = n.normalize(b"2019-06-02T16:13:44.884Z: [1,12]<stdout>:node-7:815:864 [0] NCCL WARN NET/IB : port error")
+    assert (r.rank, r.host, r.stream, r.pid) == (12, "node-7", "stdout", 815) and r.ts is not None
+    r = n.normalize(b"slurmstepd-nid001234: error: Detected 1 oom_kill event in StepId=1.0")
+    assert r.host == "nid001234" and r.text.startswith("slurmstepd-nid001234: error:")
+    r = n.normalize(b"(RayTrainWorker pid=2345, ip=10.0.0.12) [rank1]: RuntimeError: boom")
+    assert (r.pid, r.host, r.rank, r.text) == (2345, "10.0.0.12", 1, "RuntimeError: boom")
+
+
+def test_a_stamp_without_a_year_takes_the_year_nearest_the_last_full_stamp():
+    n = Normalizer()
+    n.normalize(b"2025-01-01 00:00:05,000 - INFO - iteration 1")
+    dec = n.normalize(b"Dec 31 23:59:50 node-1 kernel: NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.")
+    jan = n.normalize(b"Jan  1 00:00:09 node-1 kernel: NVRM: GPU has fallen off the bus.")
+    assert 0 < jan.ts - dec.ts < 60  # not a year apart: no invented stall

@@ -90,3 +90,106 @@ def test_the_hint_names_the_culprit_resolved_from_other_lines(engine):
     assert report.failure_type == "gpu_fell_off_bus"
     assert (report.culprits.hosts, report.culprits.ranks) == (["node-4"], [10])
     assert "node-4" in report.hint and "?" not in report.hint
+
+
+# -- the innermost failure, and errors no rule names --------------------------------------------------
+
+
+def tb(path: str, exc: str, rank: int = 0) -> list[str]:
+    return [f"[rank{rank}]: {x}" for x in (
+        "Traceback (most recent call last):",
+        '  File "/workspace/train.py", line 88, in <module>',
+        "    main()",
+        f'  File "{path}", line 120, in run',
+        "    raise_it()",
+        exc,
+    )]
+
+
+def test_the_original_traceback_of_a_dataloader_reraise_is_the_root(engine):
+    lines = [progress(0, 1), *[f"[rank0]: {x}" for x in (
+        "KeyError: Caught KeyError in DataLoader worker process 0.",
+        "Original Traceback (most recent call last):",
+        '  File "/env/lib/python3.10/site-packages/torch/utils/data/_utils/worker.py", line 308, in _worker_loop',
+        "    data = fetcher.fetch(index)",
+        '  File "/home/me/proj/data.py", line 216, in __getitem__',
+        "    index = self.ex2emb_idx[name]",
+        "KeyError: 'metro_station_07'",
+    )]]
+    report = diagnose(engine, lines, exit_code=1)
+    assert (report.category, report.failure_type) == ("script", "key_error")
+    assert report.root_cause.text.endswith("KeyError: 'metro_station_07'")
+
+
+def test_the_first_link_of_a_chain_is_the_root(engine):
+    lines = [*tb("/env/lib/python3.10/site-packages/torch/serialization.py", "OSError: [Errno 28] No space left on device"),
+             "[rank0]: During handling of the above exception, another exception occurred:",
+             *tb("/workspace/ckpt.py", "RuntimeError: could not save the checkpoint")]
+    report = diagnose(engine, lines, exit_code=1)
+    assert report.failure_type == "disk_full"
+    assert "No space left on device" in report.root_cause.text
+
+
+@pytest.mark.parametrize(("path", "exc", "label"), [
+    ("/env/lib/python3.10/site-packages/datasets/packaged_modules/json/json.py",
+     "pyarrow.lib.ArrowInvalid: JSON parse error: Column() changed from object to array in row 0",
+     ("framework", "dataset_loading_error")),
+    ("/env/lib/python3.10/site-packages/deepspeed/runtime/zero/partitioned_param_coordinator.py",
+     "deepspeed.runtime.zero.utils.ZeRORuntimeException: param 3 has not been gathered",
+     ("framework", "framework_error")),
+    ("/env/lib/python3.10/site-packages/fsspec/asyn.py",
+     "fsspec.exceptions.FSTimeoutError", ("infrastructure", "storage_error")),
+    ("/home/me/proj/model.py", "MyOwnProblem: shapes do not line up", ("script", "script_error")),
+])
+def test_an_error_no_rule_names_is_classified_by_the_module_that_raised_it(engine, path, exc, label):
+    report = diagnose(engine, [progress(0, 1), *tb(path, exc)], exit_code=1)
+    assert report.status == "failed"
+    assert (report.category, report.failure_type) == label
+    assert report.root_cause.text.endswith(exc)
+
+
+def test_the_same_fault_named_by_its_rank_is_the_better_root_line(engine):
+    # The traceback comes through the launcher without a prefix; the watchdog line names the rank.
+    lines = [x.replace("[rank1]: ", "") for x in tb("/env/lib/python3.10/site-packages/torch/cuda/__init__.py",
+                                                   "RuntimeError: CUDA error: uncorrectable ECC error encountered", rank=1)]
+    lines.append("[E ProcessGroupNCCL.cpp:916] [Rank 1] NCCL watchdog thread terminated with exception: "
+                 "CUDA error: uncorrectable ECC error encountered")
+    report = diagnose(engine, lines, exit_code=1)
+    assert report.failure_type == "ecc_error"
+    assert "[Rank 1]" in report.root_cause.text and report.culprits.ranks == [1]
+
+
+def test_a_kill_before_the_timeouts_is_their_cause(engine):
+    lines = [progress(r, 1) for r in range(8)]
+    lines.append("[2024-05-01 12:01:00,000] [ERROR] [launch.py:320:sigkill_handler] ['/usr/bin/python', '-u', "
+                 "'train.py', '--local_rank=3'] exits with return code = -9")
+    lines += [watchdog(r) for r in range(8) if r != 3]
+    report = diagnose(engine, lines)
+    assert report.failure_type == "host_oom"
+    assert "return code = -9" in report.root_cause.text
+
+
+def test_a_time_limit_after_the_timeouts_ends_a_hang_it_did_not_cause(engine):
+    lines = [progress(r, 1) for r in range(8)] + [watchdog(r) for r in range(8) if r != 3]
+    lines.append("slurmstepd: error: *** JOB 4242 ON node-3 CANCELLED AT 2024-05-01T14:00:00 DUE TO TIME LIMIT ***")
+    report = diagnose(engine, lines)
+    assert report.failure_type == "nccl_timeout" and report.culprits.ranks == [3]
+
+
+def test_the_explanation_quotes_the_exception_and_the_users_file_and_line(engine):
+    report = diagnose(engine, [progress(0, 1), *tb("/workspace/model.py", "MyOwnProblem: shapes do not line up")], exit_code=1)
+    assert "MyOwnProblem: shapes do not line up" in report.explanation
+    assert "/workspace/model.py:120 (run)" in report.explanation
+
+
+def test_a_missing_environment_variable_is_the_callers_mistake(engine):
+    lines = [f"[rank0]: {x}" for x in (
+        "Traceback (most recent call last):",
+        '  File "/data1/proj/utils/distributed.py", line 29, in init_dist',
+        "    rank = int(os.environ['RANK'])",
+        '  File "/usr/local/miniconda3/lib/python3.6/os.py", line 669, in __getitem__',
+        "    raise KeyError(key) from None",
+        "KeyError: 'RANK'",
+    )]
+    report = diagnose(engine, lines, exit_code=1)
+    assert (report.category, report.failure_type) == ("script", "key_error")

@@ -18,31 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from logdx.supervise import CheckpointTracker, fill_template
-from support import load_receiver
+from logdx.run import CheckpointTracker, fill_template
 
 FIXTURES = Path(__file__).parent / "fixtures" / "run"
 TRAIN = FIXTURES / "train.py"
 PY = sys.executable
 
 
-receiver = load_receiver()
 
 
-def _logdx_run() -> list[str]:
-    """`logdx run` once it is wired into the umbrella command; the same code via its module until then."""
-    try:
-        from logdx.cli import _build_parser
-
-        args = _build_parser("logdx").parse_args(["run", "--", "true"])
-        if getattr(args, "command", None) is not None:
-            return [PY, "-m", "logdx.cli", "run"]
-    except BaseException:  # noqa: BLE001 - not wired yet (argparse error / UsageError)
-        pass
-    return [PY, "-m", "logdx.supervise"]
-
-
-LOGDX_RUN = _logdx_run()
+LOGDX_RUN = [PY, "-m", "logdx", "run"]
 
 
 @dataclass
@@ -64,7 +49,7 @@ class Result:
 
 def _env(tmp_path: Path, extra: dict | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOGDX_")}
-    env.update({"LOGDX_STORE__PATH": str(tmp_path / "logdx.db"), "NO_COLOR": "1"})
+    env.update({"LOGDX_DATA_DIR": str(tmp_path), "NO_COLOR": "1"})
     env.update(extra or {})
     return env
 
@@ -165,17 +150,54 @@ def test_xid_then_hang_is_ended_and_restarted_without_the_node_from_the_checkpoi
 
 
 def test_max_restarts_and_exponential_backoff_hold(tmp_path):
-    r = run(tmp_path, "ecc", "--max-restarts", "2", "--backoff", "0.4")
+    # A fabric error on rank 0 that no host printed itself: restarted (same node, progress each time),
+    # never excluded (not corroborated), until --max-restarts.
+    r = run(tmp_path, "ib", "--max-restarts", "2", "--backoff", "0.4")
     assert r.code == 1, r.err
     assert [a["trigger"] for a in r.attempts] == ["exit", "exit", "exit"]
-    assert all(category(a) == "infrastructure" for a in r.attempts), [a["report"]["failure_type"] for a in r.attempts]
+    assert all(a["report"]["failure_type"] == "network_error" for a in r.attempts)
     assert len(r.launches) == 3
-    # Each bad node is excluded from the launches after it, accumulating.
-    assert [x["env_exclude"] for x in r.launches] == ["", "gpu-node-02", "gpu-node-02,gpu-node-03"]
+    assert [x["env_exclude"] for x in r.launches] == ["", "", ""]
     assert r.launches[1]["start"] - r.attempts[0]["ended_at"] >= 0.4
     assert r.launches[2]["start"] - r.attempts[1]["ended_at"] >= 0.8
     assert "max-restarts 2 reached" in r.attempts[-1]["decision"]
     assert r.history["exit_code"] == 1
+
+
+def test_a_failure_that_follows_the_job_across_nodes_stops_the_restarts(tmp_path):
+    # ECC on the job's second host, excluded; on the next launch ECC again, now on another host:
+    # the job, not the nodes. Stop and hand it to the owner instead of draining the cluster node by node.
+    r = run(tmp_path, "ecc", "--max-restarts", "5")
+    assert r.code == 1, r.err
+    first, second = r.attempts
+    assert first["report"]["culprits"]["hosts"] == ["gpu-node-02"] and first["decision"].startswith("restart")
+    assert second["report"]["culprits"]["hosts"] == ["gpu-node-03"]
+    assert second["decision"].startswith("stop: ecc_error again, now on gpu-node-03 after gpu-node-02")
+    assert [x["env_exclude"] for x in r.launches] == ["", "gpu-node-02"]
+
+
+def test_an_attempt_without_progress_stops_the_restarts(tmp_path):
+    r = run(tmp_path, "ib", "--max-restarts", "5", fixture_args=["--steps", "0"])
+    assert r.code == 1, r.err
+    assert len(r.attempts) == 2  # the first one may be a bad start; the second says it is no node's fault
+    assert r.attempts[0]["progress_lines"] == 0
+    assert r.attempts[1]["decision"] == "stop: no progress since the last attempt: handing the job to its owner"
+
+
+def test_a_time_limit_is_resubmitted_from_the_checkpoint_and_excludes_nothing(tmp_path, scontrol, receiver):
+    bindir, calls = scontrol
+    with receiver.Receiver() as rx:
+        r = run(tmp_path, "timelimit", "--config", str(_config(tmp_path, rx.url)), "--no-dry-run",
+                "--exclude-arg=--exclude={hosts}", "--resume-arg", "--load {checkpoint_dir}",
+                fixture_args=["--fail-attempts", "1"], env={"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"})
+    assert r.code == 0, r.err
+    first, second = r.attempts
+    assert first["report"]["failure_type"] == "time_limit"
+    assert first["decision"].startswith("restart") and "resubmit from the last checkpoint" in first["decision"]
+    assert r.launches[1]["argv"][-2:] == ["--load", str(tmp_path / "state" / "ckpt")]
+    assert r.launches[1]["env_exclude"] == "" and "--exclude" not in " ".join(r.launches[1]["argv"])
+    assert calls() == []
+    assert first["actions"] == [] and second["trigger"] == "ok"
 
 
 def test_max_restarts_zero_never_restarts(tmp_path):
@@ -261,6 +283,28 @@ def test_stall_in_a_timestamped_log_is_a_stall_event_for_the_pipeline(tmp_path):
     assert a["event_counts"].get("stall") == 1
 
 
+def test_a_slow_checkpoint_save_or_evaluation_does_not_kill_the_job(tmp_path):
+    # Nothing is printed for 3 s while the checkpoint is written; the stall timeout is 1 s.
+    r = run(tmp_path, "slow_save", "--stall-timeout", "1", fixture_args=["--pause", "3"])
+    assert r.code == 0, r.err
+    [a] = r.attempts
+    assert a["trigger"] == "ok"
+    assert [(p["what"], p["duration_s"] >= 2.5) for p in a["pauses"]] == [("checkpoint save", True)]
+    (tmp_path / "eval").mkdir()
+    r = run(tmp_path / "eval", "slow_eval", "--stall-timeout", "1", fixture_args=["--pause", "3"])
+    assert r.code == 0, r.err
+    evaluation = [p for p in r.attempts[0]["pauses"] if p["what"] == "evaluation"]
+    assert len(evaluation) == 1 and evaluation[0]["duration_s"] >= 2.5
+
+
+def test_a_save_longer_than_the_pause_limit_is_a_stall(tmp_path):
+    r = run(tmp_path, "slow_save", "--stall-timeout", "1", "--pause-max", "1.5", fixture_args=["--pause", "30"])
+    assert r.code == 128 + signal.SIGTERM, r.err
+    [a] = r.attempts
+    assert a["trigger"] == "stall" and "checkpoint save in progress" in a["trigger_detail"]
+    assert "--pause-max 1.5" in a["trigger_detail"]
+
+
 def test_a_root_cause_the_job_survives_does_not_end_it(tmp_path):
     # An application Xid while training goes on: progress after it, so no hang; the job finishes.
     # The grace (1 s) runs out while the job is still training (2 s of steps after the Xid).
@@ -311,6 +355,28 @@ def test_sigterm_is_forwarded_and_never_restarted(tmp_path):
     assert r.attempts[0]["trigger"] == "interrupted"
 
 
+def test_sigkill_of_logdx_run_leaves_no_process_of_the_job_behind(tmp_path):
+    p = _start(tmp_path, "grandchild", "--kill-grace", "1")
+    pids_file = tmp_path / "state" / "pids"
+    _wait_for(pids_file)
+    pids = [int(x) for x in pids_file.read_text().split()]
+    assert len(pids) == 3 and all(_alive(pid) for pid in pids)
+    p.kill()  # SIGKILL: no handler, no cleanup of its own
+    p.communicate(timeout=30)
+    deadline = time.monotonic() + 15
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [pid for pid in pids if _alive(pid)] == [], "the job outlived logdx run"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"  # a zombie has exited
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
 # -- actions and alerts around a restart ------------------------------------------------------------
 
 
@@ -342,8 +408,8 @@ def _config(tmp_path: Path, rx_url: str) -> Path:
     return cfg
 
 
-def test_restart_drains_the_node_through_scontrol_and_alerts_once_per_failed_attempt(tmp_path, scontrol):
-    from logdx.act.actuators import Actions
+def test_restart_drains_the_node_through_scontrol_and_alerts_once_per_failed_attempt(tmp_path, scontrol, receiver):
+    from logdx.act.actions import Actions
     from logdx.act.alerts import verify
     from logdx.config import ActionsSettings
     from logdx.store import open_db
@@ -353,15 +419,21 @@ def test_restart_drains_the_node_through_scontrol_and_alerts_once_per_failed_att
         r = run(tmp_path, "ecc", "--config", str(_config(tmp_path, rx.url)), "--no-dry-run", "--job-id", "job-7",
                 fixture_args=["--fail-attempts", "1"], env={"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"})
         assert r.code == 0, r.err
-        reqs = rx.wait_for(1)
+        reqs = rx.wait_for(2)
     assert calls() == [["update", "NodeName=gpu-node-02", "State=DRAIN", "Reason=logdx: ecc_error job-7/attempt-1"]]
     first = r.attempts[0]
     assert [(x["action"], x["node"], x["outcome"]) for x in first["actions"]] == [("cordon", "gpu-node-02", "ok")]
-    # One alert: the failed attempt (the successful one sends none), signed.
-    assert len(reqs) == 1
-    assert verify(SECRET, reqs[0].headers, reqs[0].body)
+    # One alert about the failed attempt, saying what was done, then "resolved" when the job succeeded.
+    assert len(reqs) == 2
+    assert all(verify(SECRET, q.headers, q.body) for q in reqs)
     data = reqs[0].json()["data"]
     assert data["job_id"] == "job-7/attempt-1" and data["report"]["category"] == "infrastructure"
+    assert data["done"][0].startswith("cordon gpu-node-02: done (ran: scontrol update NodeName=gpu-node-02")
+    assert data["done"][1:] == ["excluded gpu-node-02 from the next launch",
+                                "logdx run: restart in 0.2 s: infrastructure failure (ecc_error)"]
+    resolved = reqs[1].json()
+    assert resolved["type"] == "logdx.resolved" and resolved["data"]["job_id"] == "job-7/attempt-1"
+    assert "succeeded on attempt 2" in resolved["data"]["resolved"]
     # The audit is in the store.
     db = open_db(tmp_path / "logdx.db")
     audit = Actions(db, ActionsSettings(dry_run=False)).audit("job-7/attempt-1")
@@ -369,7 +441,35 @@ def test_restart_drains_the_node_through_scontrol_and_alerts_once_per_failed_att
     assert [(a.node, a.outcome, a.dry_run) for a in audit] == [("gpu-node-02", "ok", False)]
 
 
-def test_actions_are_dry_run_by_default(tmp_path, scontrol):
+def test_a_node_range_in_the_log_drains_nothing(tmp_path, scontrol, receiver):
+    bindir, calls = scontrol
+    with receiver.Receiver() as rx:
+        r = run(tmp_path, "noderange", "--config", str(_config(tmp_path, rx.url)), "--no-dry-run",
+                "--exclude-arg=--exclude={hosts}", "--max-restarts", "1",
+                env={"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"})
+        reqs = rx.wait_for(1)
+    assert calls() == []  # no scontrol update NodeName=gpu[001-512]
+    first = r.attempts[0]
+    # The range is no host: a multi-host job whose node is unknown is restarted, nothing cordoned.
+    assert first["report"]["failure_type"] == "node_failure" and first["report"]["culprits"]["hosts"] == []
+    assert first["report"]["action"] == "restart" and first["actions"] == []
+    assert all(x["env_exclude"] == "" and not any("gpu[" in w for w in x["argv"]) for x in r.launches)
+    assert reqs[0].json()["data"]["done"] == [f"logdx run: {first['decision']}"]
+    # A one-machine log blames that machine, unnamed: the report asks for a cordon no actuator can do.
+    line = "srun: error: Node failure on gpu[001-512]"
+    p = subprocess.run([*LOGDX_RUN, "--no-llm", "--no-retrieval", "--config", str(tmp_path / "logdx.yaml"),
+                        "--no-dry-run", "--json-history", str(tmp_path / "one.json"), "--max-restarts", "0", "--",
+                        PY, "-c", f"import sys; sys.stderr.write({line!r} + '\\n'); sys.exit(1)"],
+                       capture_output=True, timeout=60,
+                       env=_env(tmp_path, {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}))
+    [a] = json.loads((tmp_path / "one.json").read_text())["attempts"]
+    assert a["report"]["action"] == "cordon_and_restart" and a["report"]["culprits"]["hosts"] == [], p.stderr
+    assert [(x["action"], x["node"], x["outcome"]) for x in a["actions"]] == [("cordon", None, "refused")]
+    assert "node name unknown" in a["actions"][0]["detail"]
+    assert calls() == []
+
+
+def test_actions_are_dry_run_by_default(tmp_path, scontrol, receiver):
     bindir, calls = scontrol
     with receiver.Receiver() as rx:
         r = run(tmp_path, "ecc", "--config", str(_config(tmp_path, rx.url)), fixture_args=["--fail-attempts", "1"],

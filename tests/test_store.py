@@ -107,10 +107,9 @@ def test_transaction_commits_or_rolls_back(db):
     migrate(db, "jobs", [JOBS_V1])
     with db.transaction() as conn:
         conn.execute("INSERT INTO jobs VALUES ('ok', 'done')")
-    with pytest.raises(RuntimeError):
-        with db.transaction() as conn:
-            conn.execute("INSERT INTO jobs VALUES ('lost', 'done')")
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), db.transaction() as conn:
+        conn.execute("INSERT INTO jobs VALUES ('lost', 'done')")
+        raise RuntimeError("boom")
     assert [r[0] for r in db.query("SELECT id FROM jobs")] == ["ok"]
 
 
@@ -124,7 +123,7 @@ def test_one_connection_shared_by_threads(db):
                 with db.transaction() as conn:
                     conn.execute("INSERT INTO jobs VALUES (?, 'x')", (f"{t}-{i}",))
                 db.query("SELECT COUNT(*) FROM jobs")
-        except BaseException as e:  # noqa: BLE001 - surfaced below
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=writer, args=(t,)) for t in range(8)]

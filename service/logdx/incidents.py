@@ -26,11 +26,11 @@ from typing import IO, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from logdx.diagnose.fusion import default_action, is_canonical
 from logdx.model import Action, Category, FailureContext, Label
 from logdx.normalize import Normalizer
 from logdx.patterns import mask
-from logdx.store import Database, migrate
+from logdx.store import Store, migrate
+from logdx.taxonomy import default_action, is_canonical
 
 __all__ = [
     "SEED_PATH",
@@ -88,6 +88,46 @@ MIGRATIONS: list[str] = [
     CREATE TRIGGER incidents_rev_del AFTER DELETE ON incidents BEGIN
         UPDATE incidents_meta SET value = value + 1 WHERE key = 'revision';
     END;
+    """,
+]
+
+
+# The same schema on PostgreSQL (`store.url`): one revision counter for every replica.
+PG_MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE incidents (
+        id            TEXT PRIMARY KEY,
+        root_line     TEXT NOT NULL,
+        root_template TEXT NOT NULL,
+        templates     TEXT NOT NULL DEFAULT '[]',
+        category      TEXT NOT NULL,
+        failure_type  TEXT NOT NULL,
+        action        TEXT NOT NULL,
+        culprit_kind  TEXT NOT NULL DEFAULT 'none',
+        note          TEXT NOT NULL DEFAULT '',
+        source        TEXT NOT NULL,
+        report_id     TEXT,
+        created_at    DOUBLE PRECISION NOT NULL,
+        updated_at    DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX incidents_label ON incidents(category, failure_type);
+    CREATE UNIQUE INDEX incidents_report ON incidents(report_id) WHERE report_id IS NOT NULL;
+    CREATE TABLE reports (
+        id         TEXT PRIMARY KEY,
+        created_at DOUBLE PRECISION NOT NULL,
+        report     TEXT NOT NULL,
+        context    TEXT,
+        feedback   TEXT
+    );
+    CREATE TABLE incidents_meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL);
+    INSERT INTO incidents_meta(key, value) VALUES ('revision', 0);
+    CREATE FUNCTION incidents_bump_revision() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        UPDATE incidents_meta SET value = value + 1 WHERE key = 'revision';
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER incidents_rev AFTER INSERT OR UPDATE OR DELETE ON incidents
+        FOR EACH STATEMENT EXECUTE FUNCTION incidents_bump_revision();
     """,
 ]
 
@@ -217,14 +257,14 @@ class IncidentStore:
 
     def __init__(
         self,
-        db: Database,
+        db: Store,
         *,
         masker: Callable[[str], str] = mask_text,
         seed_path: Path | None = SEED_PATH,
     ) -> None:
         self.db = db
         self.masker = masker
-        migrate(db, self.COMPONENT, MIGRATIONS)
+        migrate(db, self.COMPONENT, MIGRATIONS, postgres=PG_MIGRATIONS)
         if seed_path is not None:
             self.load_seed_if_empty(seed_path)
 
@@ -287,7 +327,7 @@ class IncidentStore:
         for row in self.db.query(
             "SELECT id, category, failure_type, action, root_template, templates FROM incidents ORDER BY id"
         ):
-            h.update("\x1f".join(str(row[k]) for k in row.keys()).encode())
+            h.update("\x1f".join(str(row[k]) for k in row.keys()).encode())  # noqa: SIM118 - a Row iterates its values
             h.update(b"\x1e")
         return h.hexdigest()[:32]
 
@@ -362,7 +402,9 @@ class IncidentStore:
             )
         with self.db.transaction() as conn:
             conn.execute(
-                "INSERT OR REPLACE INTO reports(id, created_at, report, context) VALUES (?,?,?,?)",
+                "INSERT INTO reports(id, created_at, report, context) VALUES (?,?,?,?) ON CONFLICT(id) DO UPDATE"
+                " SET created_at = excluded.created_at, report = excluded.report, context = excluded.context,"
+                " feedback = NULL",
                 (report_id, time.time(), json.dumps(data), ctx),
             )
         return report_id

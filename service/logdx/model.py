@@ -33,25 +33,7 @@ class Role(str, Enum):
     FALLBACK = "fallback"
 
 
-FAILURE_TYPES: dict[Category, tuple[str, ...]] = {
-    Category.INFRASTRUCTURE: (
-        "gpu_fell_off_bus", "ecc_error", "nvlink_error", "gpu_hardware_error", "cuda_error",
-        "node_failure", "network_error", "nccl_error", "nccl_timeout", "connection_error",
-        "storage_error", "disk_full",
-    ),
-    Category.FRAMEWORK: (
-        "cuda_oom", "host_oom", "dataloader_killed", "nan_loss", "checkpoint_error",
-        "dataset_loading_error", "config_error", "version_mismatch", "environment_error",
-        "framework_error",
-    ),
-    Category.SCRIPT: (
-        "syntax_error", "import_error", "name_error", "attribute_error", "type_error",
-        "key_error", "index_error", "value_error", "file_not_found", "permission_error",
-        "argument_error", "called_process_error", "script_error",
-    ),
-    Category.UNKNOWN: ("unknown",),
-}
-ALL_FAILURE_TYPES: frozenset[str] = frozenset(t for ts in FAILURE_TYPES.values() for t in ts)
+# Failure types, and what each implies, are data: see logdx/taxonomy.yaml and logdx.taxonomy.
 
 
 @dataclass(slots=True)
@@ -195,6 +177,7 @@ class FailureContext:
     templates: list[str]  # masked error-bearing templates near the failure, most relevant first
     excerpt: list[str]  # a few raw lines around the root cause (for the LLM prompt)
     exception_type: str | None = None
+    root_message: str = ""  # the root line without its launcher/host/rank prefixes
 
     def as_query(self) -> str:
         """The text that is embedded for nearest-neighbour search."""
@@ -202,14 +185,25 @@ class FailureContext:
 
 
 @dataclass(slots=True)
+class Attribution:
+    """Who is to blame, and on what grounds (see logdx/diagnose/culprit.py)."""
+
+    hosts: list[str] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    gpus: list[str] = field(default_factory=list)
+    basis: str = ""  # how the host (or the lone rank) was found; "" when nothing was
+    corroborated: bool = False  # a second signal agrees: the host printed the fault, or the rank stopped
+    single_node: bool = False  # no host anywhere and few ranks: one machine's log, blamed unnamed
+    notes: list[str] = field(default_factory=list)  # why a host is unknown, which names were refused
+
+
+@dataclass(slots=True)
 class Diagnosis:
-    status: str  # "failed" | "healthy"
+    status: str  # "failed" | "healthy" | "empty" (no log text at all)
     label: Label | None
     confidence: float
     root: Record | None
-    culprit_hosts: list[str] = field(default_factory=list)
-    culprit_ranks: list[int] = field(default_factory=list)
-    culprit_gpus: list[str] = field(default_factory=list)
+    attribution: Attribution = field(default_factory=Attribution)
     evidence: list[Evidence] = field(default_factory=list)
     explanation: str = ""
     hint: str = ""

@@ -40,6 +40,11 @@ _TASK_STREAM = r"(?P<t_host>[A-Za-z][\w.-]*):(?P<t_rank>\d+) (?P<t_stream>out|er
 # "RuntimeError: ..." or "Epoch 3: ..." are never taken for one.
 _HOST_PREFIX = r"(?P<p_host>[a-z][a-z0-9-]*\d[a-z0-9.-]*|localhost): "
 _NCCL = r"(?P<n_host>[\w.-]+):(?P<n_pid>\d+):\d+ \[(?P<n_dev>\d+)\] "
+# Ray prefixes each worker's output with its actor and process: "(pid=1521961) ", "(RayTrainWorker
+# pid=2345, ip=10.0.0.12) ".
+_RAY_PREFIX = re.compile(r"\((?:[\w.:]+ )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[\d.]+))?\) ")
+# Slurm's step daemon names its node in its own name on some sites ("slurmstepd-nid001234: error: ...").
+_SLURMSTEPD_HOST = re.compile(r"slurmstepd-(?P<host>[A-Za-z0-9][\w.-]*): ")
 _SHELL_PROMPT = re.compile(r"(?:\([\w.-]+\) )?[\w.-]+@([\w.-]+)[: ][^\n]{0,80}?[%$#] ")
 
 _MESSAGE_RANK = re.compile(r"\[(?:PG \d+ (?:\([^)]*\) )?)?Rank (\d+)\]")
@@ -47,7 +52,7 @@ _MESSAGE_RANK = re.compile(r"\[(?:PG \d+ (?:\([^)]*\) )?)?Rank (\d+)\]")
 # --- timestamps ----------------------------------------------------------------------------------
 # YYYY-MM-DD[T ]HH:MM (the minute: a cache key), :SS, fraction, zone.
 _ISO_BODY = (
-    r"\[?(?P<ymdhm>\d{4}-\d\d-\d\d[T ]\d\d:\d\d):(?P<ss>\d\d)(?:[.,](?P<frac>\d{1,9}))?(?P<tz>Z|[+-]\d\d:?\d\d)?\]?\s*"
+    r"\[?(?P<ymdhm>\d{4}-\d\d-\d\d[T ]\d\d:\d\d):(?P<ss>\d\d)(?:[.,](?P<frac>\d{1,9}))?(?P<tz>Z|[+-]\d\d:?\d\d)?\]?:?\s*"
 )
 _ISO = re.compile(_ISO_BODY)
 _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
@@ -100,6 +105,7 @@ _P_GLOG = 11  # (op, mon_s, mon_e, day_s, hh_s, mm_s, ss_s, frac_s, frac_e)
 _P_MESSAGE_RANK = 12  # (op, start, end)
 _P_SRUN = 13  # (op, start, end): srun -l's task label: the rank, unless srun runs one task per node
 _P_NESTED = 14  # (op,): this line has a task label and a rank prefix: task labels are nodes, not ranks
+_P_RAY = 15  # (op, pid_start, pid_end, ip_start, ip_end): a Ray worker's prefix; ip -1 when absent or known
 
 
 @dataclass(slots=True)
@@ -145,8 +151,10 @@ class Normalizer:
         self.line_no = 0
         self.truncated = 0
         self.bytes_in = 0
-        # Year for stamps that carry none (syslog, glog), taken from the last full stamp seen.
-        self._year = datetime.now(timezone.utc).year
+        # Stamps without a year (syslog "Nov 13", glog "W1113") take the year that puts them nearest the
+        # last full stamp seen (before any: today), so a log that crosses New Year does not jump a year.
+        now = datetime.now(timezone.utc)
+        self._year, self._month = now.year, now.month
         # A pasted terminal session names its host once, in the prompt.
         self._session_host: str | None = None
         self._srun_labels_nodes = False
@@ -210,7 +218,7 @@ class Normalizer:
                 if not rec.ts:
                     rec.ts = self._iso(line, step, True)
                 else:
-                    self._year = int(line[step[1]:step[1] + 4])
+                    self._year, self._month = int(line[step[1]:step[1] + 4]), int(line[step[1] + 5:step[1] + 7])
             elif op == _P_LOCAL:
                 rec.local_rank = int(line[step[1]:step[2]])
             elif op == _P_HOST:
@@ -233,12 +241,13 @@ class Normalizer:
             elif op == _P_CTIME:
                 if not rec.ts:
                     _, month, d0, d1, hh, mm, ss, yy = step
-                    rec.ts = _mk_ts(int(line[yy:yy + 4]), month, int(line[d0:d1]), int(line[hh:hh + 2]),
+                    self._year, self._month = int(line[yy:yy + 4]), month
+                    rec.ts = _mk_ts(self._year, month, int(line[d0:d1]), int(line[hh:hh + 2]),
                                     int(line[mm:mm + 2]), int(line[ss:ss + 2]))
             elif op == _P_SYSLOG:
                 _, month, d0, d1, hh, mm, ss, h0, h1 = step
                 if not rec.ts:
-                    rec.ts = _mk_ts(self._year, month, int(line[d0:d1]), int(line[hh:hh + 2]), int(line[mm:mm + 2]),
+                    rec.ts = _mk_ts(self._year_of(month), month, int(line[d0:d1]), int(line[hh:hh + 2]), int(line[mm:mm + 2]),
                                     int(line[ss:ss + 2]))
                 if h0 >= 0:
                     rec.host = line[h0:h1]
@@ -249,13 +258,26 @@ class Normalizer:
             elif op == _P_GLOG:
                 _, mo0, mo1, d0, hh, mm, ss, f0, f1 = step
                 try:
-                    rec.ts = _mk_ts(self._year, int(line[mo0:mo1]), int(line[d0:d0 + 2]), int(line[hh:hh + 2]),
+                    month = int(line[mo0:mo1])
+                    rec.ts = _mk_ts(self._year_of(month), month, int(line[d0:d0 + 2]), int(line[hh:hh + 2]),
                                     int(line[mm:mm + 2]), int(line[ss:ss + 2])) + float("0." + line[f0:f1])
                 except ValueError:
                     rec.ts = None
+            elif op == _P_RAY:
+                rec.pid = int(line[step[1]:step[2]])
+                if step[3] >= 0:
+                    rec.host = line[step[3]:step[4]]
             else:  # _P_MESSAGE_RANK
                 rec.rank = int(line[step[1]:step[2]])
         rec.text = line[text_at:] if text_at else line
+
+    def _year_of(self, month: int) -> int:
+        """The year of a year-less stamp in `month`: the one nearest the last full stamp."""
+        if month - self._month > 6:
+            return self._year - 1  # "Dec 31" read just after a "2025-01-01" stamp
+        if self._month - month > 6:
+            return self._year + 1
+        return self._year
 
     def _iso(self, line: str, step: tuple, sets_year: bool) -> float:
         """The epoch seconds of an ISO stamp (as the single-line code computed them: the whole
@@ -275,7 +297,7 @@ class Normalizer:
                 self._seconds.clear()
             hit = self._seconds[key] = (year, whole)
         if sets_year:
-            self._year = hit[0]
+            self._year, self._month = hit[0], int(key[5:7])
         ts = hit[1]
         if f0 >= 0:
             ts += float("0." + line[f0:f1])
@@ -359,6 +381,16 @@ class Normalizer:
                     end = km.end()
                 text, at = text[end:], at + end
                 continue
+            elif c == "(" and (m := _RAY_PREFIX.match(text)):
+                ip = m.span("ip")
+                steps.append((_P_RAY, at + m.start("pid"), at + m.end("pid"),
+                              at + ip[0] if ip[0] >= 0 and not host else -1, at + ip[1]))
+                host = host or ip[0] >= 0
+            elif c == "s" and not host and (m := _SLURMSTEPD_HOST.match(text)):
+                # The host is in the daemon's name; the message keeps "slurmstepd-...:" for the rules.
+                steps.append((_P_HOST, at + m.start("host"), at + m.end("host")))
+                host = True
+                break
             elif c.isalpha():
                 m = _HOSTLIKE_PREFIX.match(text)
                 if m is None:

@@ -43,7 +43,40 @@ MASK = re.compile(_NOT_IN_WORD + "(?:" + _VARIABLE_START + "(?:" + "|".join(f"(?
 PARAM = "<*>"
 
 TRACEBACK_START = "Traceback (most recent call last)"
-_BODY_PREFIXES = ("File ", "...", "^", "~", TRACEBACK_START, "During handling", "The above exception")
+# What Python prints before a re-raised exception's own traceback (DataLoader workers, multiprocessing
+# pools, Ray): the failure that really happened is the exception that ends the block after it.
+ORIGINAL_TRACEBACK = "Original Traceback (most recent call last)"
+CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+
+# An exception line: a class name (dotted or not), then ": message" or nothing. On a line of its own a
+# class must look like one: its name ends like an exception (...Error, ...Exception, ...Failed), or it
+# is qualified by its module (`pyarrow.lib.ArrowInvalid: ...`, `wandb.errors.Error: ...`). The line
+# that closes a traceback is an exception whatever its class is called (`BackendCompilerFailed`,
+# `OutOfResources`, `ZeRORuntimeException`): only the logger's level words are not.
+_EXC_SUFFIX = r"(?:Error|Exception|Exit|Interrupt|Warning|Fault|Failure|Failed|Iteration|Timeout|Abort)"
+_CAMEL = r"[A-Z][A-Za-z0-9_]*[a-z][A-Za-z0-9_]*"
+EXCEPTION_LINE = re.compile(
+    rf"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*{_EXC_SUFFIX}\w*|KeyboardInterrupt|SystemExit|StopIteration"
+    rf"|(?:[a-z_]\w*\.)+{_CAMEL}|socket\.(?:timeout|gaierror|herror|error))(?::\s?(?P<msg>.*))?$"
+)
+_ANY_EXCEPTION_LINE = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*)(?::\s?(?P<msg>.*))?$")
+
+
+def exception_line(text: str, *, closes_traceback: bool = False) -> re.Match[str] | None:
+    """The exception a line states (groups `type`, `msg`), or None. `closes_traceback`: the line
+    ends a traceback's frames, where any class name counts."""
+    text = text.strip()
+    m = EXCEPTION_LINE.match(text)
+    if m is not None or not closes_traceback:
+        return m
+    m = _ANY_EXCEPTION_LINE.match(text)
+    if m is None:
+        return None
+    name = m.group("type").rsplit(".", 1)[-1]
+    if not name[0].isupper() or name.upper() == name:
+        return None  # "INFO:root:...", "transformers.trainer: ..." - a logger, not a class
+    return m
+_BODY_PREFIXES = ("File ", "...", "^", "~", TRACEBACK_START, *CHAINED)
 
 
 def mask(text: str) -> str:

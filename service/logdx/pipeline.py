@@ -3,28 +3,37 @@
 `Engine` holds what is loaded once per process (settings, rules, models); a `Session` is one job's
 streaming state (normalizer, compressor, detector, events). The CLI feeds a session from a file,
 the HTTP service from request bodies, `logdx run` from a child process's output.
+
+A face (CLI, service, `logdx run`) asks the session what it needs (`lines`, `templates()`,
+`summary()`, `last_progress`, `take_new_root_causes()`...) and never reaches into its parts.
 """
 
 from __future__ import annotations
 
+import gzip
+import io
+import pickle
 import time
+import types
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from logdx import __version__
 from logdx.act.report import Report, build_report
 from logdx.compress import CompressConfig, Compressor
 from logdx.config import Settings
 from logdx.detect import DetectConfig, Detector
-from logdx.diagnose import Diagnoser
+from logdx.diagnose.cascade import Diagnoser
 from logdx.diagnose.fusion import FusionWeights
 from logdx.diagnose.rules import RuleSet, default_rules_dir, load_rules
-from logdx.model import Event, FailureContext, Role
+from logdx.model import CompressionSummary, Event, FailureContext, KeptLine, Record, Role, TemplateStats
+from logdx.normalize import InputError, Normalizer, Source, iter_lines, open_input
 
 if TYPE_CHECKING:
     from logdx.incidents import IncidentStore
-from logdx.normalize import Normalizer, Source, iter_lines, open_input
 
 
 _TIMING_SAMPLE_MASK = 63
@@ -55,21 +64,25 @@ class Engine:
         rules = load_rules(dirs)
         diagnoser = Diagnoser(rules=rules, weights=FusionWeights.from_settings(settings.fusion),
                               llm_always=settings.llm.always)
+        if settings.catalog.enabled:
+            from logdx.diagnose.catalog import catalog_vote
+
+            diagnoser.catalog = catalog_vote
         # The model stages (and numpy, torch) are imported only when enabled: a rules-only run starts fast.
         if incidents is None and (settings.retrieval.enabled or settings.llm.enabled):
             from logdx.incidents import IncidentStore
             from logdx.store import open_db
 
-            incidents = IncidentStore(open_db(settings.store.path))
+            incidents = IncidentStore(open_db(settings.store.location, settings.store.pool_size))
         if settings.retrieval.enabled and incidents is not None:
-            from logdx.diagnose.retrieval import RetrievalConfig, Retriever
+            from logdx.diagnose.retrieval import Retriever
 
-            diagnoser.retrieval = Retriever(incidents, RetrievalConfig.from_settings(settings.retrieval))
+            diagnoser.retrieval = Retriever(incidents, settings.retrieval)
         if settings.llm.enabled:
-            from logdx.diagnose.llm import LLMConfig, make_llm
+            from logdx.diagnose.llm import make_llm
 
             examples = diagnoser.retrieval.examples if diagnoser.retrieval is not None else None
-            diagnoser.llm = make_llm(LLMConfig.from_settings(settings.llm), examples=examples)
+            diagnoser.llm = make_llm(settings.llm, examples=examples)
         engine = cls(settings=settings, rules=rules, diagnoser=diagnoser, incidents=incidents)
         if warm:
             engine.warm_up()
@@ -97,14 +110,60 @@ class Engine:
     def new_session(self) -> Session:
         return Session(self)
 
-    def diagnose_path(self, path: str | Path, *, with_context: bool = False):  # noqa: ANN201
-        """Diagnose a whole file (or `-` for stdin) in one streaming pass; with `with_context`,
-        also the masked failure context (what `remember` stores for feedback)."""
+    def diagnose_path(self, path: str | Path) -> tuple[Report, FailureContext | None]:
+        """Diagnose a whole file (or `-` for stdin) in one streaming pass: the report, and the
+        masked failure context it was made from (what `remember` stores for feedback).
+
+        Raises `InputError` when the input cannot be read, a truncated or corrupt gzip included."""
         session = self.new_session()
         with open_input(path) as f:
-            session.feed_lines(iter_lines(f, self.settings.input.max_line_bytes))
+            try:
+                session.feed_lines(iter_lines(f, self.settings.input.max_line_bytes))
+            except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+                name = "stdin" if str(path) == "-" else str(path)
+                raise InputError(f"{name}: truncated or corrupt gzip data ({e})") from None
         report = session.report()
-        return (report, session.last_context) if with_context else report
+        return report, session.last_context
+
+
+_SNAPSHOT_MAGIC = b"LDXSESS1"
+
+
+class _SnapshotPickler(pickle.Pickler):
+    """Pickles a session without its engine: the engine, its rules and the rules' bound methods
+    (the compressor's `also_error`) are named, and the restoring process puts its own in."""
+
+    def __init__(self, file: io.BytesIO, engine: Engine) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.engine = engine
+
+    def persistent_id(self, obj: object) -> object:
+        if obj is self.engine:
+            return "engine"
+        if obj is self.engine.rules:
+            return "rules"
+        if isinstance(obj, types.MethodType) and obj.__self__ is self.engine.rules:
+            return ("rules.", obj.__func__.__name__)
+        return None
+
+
+class _SnapshotUnpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, engine: Engine) -> None:
+        super().__init__(file)
+        self.engine = engine
+
+    def persistent_load(self, pid: object) -> object:
+        if pid == "engine":
+            return self.engine
+        if pid == "rules":
+            return self.engine.rules
+        if isinstance(pid, tuple) and pid[0] == "rules.":
+            return getattr(self.engine.rules, pid[1])
+        raise pickle.UnpicklingError(f"unknown reference {pid!r} in a session snapshot")
+
+
+class SnapshotError(ValueError):
+    """A saved session that cannot be restored here (another logdx version, damaged bytes)."""
 
 
 @dataclass
@@ -119,6 +178,7 @@ class Session:
                 drain_depth=s.compress.drain_depth,
                 drain_sim_th=s.compress.drain_sim_th,
                 max_templates=s.compress.max_templates,
+                max_tokens=s.compress.max_tokens,
                 max_kept_lines=s.compress.max_kept_lines,
                 kept_per_error_template=s.compress.kept_per_error_template,
                 tail_lines_per_source=s.compress.tail_lines_per_source,
@@ -131,6 +191,7 @@ class Session:
         self.root_cause_events: list[Event] = []  # events a root-cause rule matched, as they came
         self.finished = False
         self.last_context: FailureContext | None = None  # of the last diagnosis, for `remember`
+        self._root_causes_taken = 0
         self._normalize_s = 0.0
         self._compress_s = 0.0
         self._fed = 0
@@ -154,7 +215,7 @@ class Session:
         self._compress_s += (time.perf_counter() - t1) * (_TIMING_SAMPLE_MASK + 1)
         return new
 
-    def _detect(self, kept: list) -> list[Event]:  # noqa: ANN001 - list[KeptLine]
+    def _detect(self, kept: list[KeptLine]) -> list[Event]:
         new: list[Event] = []
         for k in kept:
             new.extend(self.detector.feed(k))
@@ -162,9 +223,18 @@ class Session:
             self._note_events(new)
         return new
 
-    def feed_lines(self, lines: Iterable[bytes | str], source: Source | None = None) -> None:
+    def feed_lines(self, lines: Iterable[bytes | str], source: Source | None = None) -> int:
+        """Lines that share one source; returns how many were fed."""
+        n = 0
+        feed = self.feed
         for raw in lines:
-            self.feed(raw, source)
+            feed(raw, source)
+            n += 1
+        return n
+
+    def feed_runs(self, runs: Iterable[tuple[Source, Sequence[bytes | str]]]) -> int:
+        """Runs of lines, each run sharing a source (what the service's parsers produce)."""
+        return sum(self.feed_lines(lines, source) for source, lines in runs)
 
     def _note_events(self, new: list[Event]) -> None:
         self.events.extend(new)
@@ -177,6 +247,56 @@ class Session:
     def root_cause_seen(self) -> bool:
         """A precise root cause has appeared: reason enough to diagnose before the job ends."""
         return bool(self.root_cause_events)
+
+    def take_new_root_causes(self) -> list[Event]:
+        """Root-cause events that appeared since the last call (all of them the first time)."""
+        new = self.root_cause_events[self._root_causes_taken:]
+        self._root_causes_taken = len(self.root_cause_events)
+        return new
+
+    # -- what faces ask ---------------------------------------------------------------------------
+
+    @property
+    def lines(self) -> int:
+        """Lines fed so far."""
+        return self.normalizer.line_no
+
+    @property
+    def truncated_lines(self) -> int:
+        """Lines cut at `input.max_line_bytes` so far."""
+        return self.normalizer.truncated
+
+    @property
+    def last_progress(self) -> Record | None:
+        """The last training progress line (iteration/step/loss) seen, or None."""
+        return self.compressor.last_progress
+
+    @property
+    def templates_capped(self) -> bool:
+        """The job reached `compress.max_templates`: new templates share one overflow template."""
+        return self.compressor.template_cap_reached
+
+    def templates(self) -> list[TemplateStats]:
+        """Every Drain template so far, with its counts, ranks and hosts."""
+        return self.compressor.templates()
+
+    def summary(self) -> CompressionSummary:
+        return self._summary()
+
+    def event_counts(self) -> dict[str, int]:
+        """Events so far, by kind."""
+        counts: dict[str, int] = {}
+        for ev in self.events:
+            counts[ev.kind] = counts.get(ev.kind, 0) + 1
+        return counts
+
+    def is_diverged(self, event: Event) -> bool:
+        """Whether a root-cause event says the loss went NaN/inf (however the pipeline tagged the
+        line: a `loss_nan` event, or a line a `nan_loss` rule matched)."""
+        if event.kind == "loss_nan":
+            return True
+        hits = self.engine.rules.match(event)
+        return bool(hits) and hits[0].label.failure_type == "nan_loss"
 
     def finish(self) -> None:
         if self.finished:
@@ -200,5 +320,29 @@ class Session:
         timings.update({f"diagnose.{stage}": ms for stage, ms in diagnosis.stage_ms.items()})
         return build_report(diagnosis, summary, timings)
 
-    def _summary(self):  # noqa: ANN202 - CompressionSummary
+    def _summary(self) -> CompressionSummary:
         return self.compressor.summary(bytes_in=self.normalizer.bytes_in, lines_truncated=self.normalizer.truncated)
+
+    # -- snapshots: a session moves to another process ---------------------------------------
+
+    def snapshot(self) -> bytes:
+        """The whole streaming state (normaliser, Drain miner, detector, events) as bytes another
+        process of the same logdx version restores with `Session.restore`. The engine is not in
+        it. Pickle: the bytes must come from a store only logdx writes (they are code to Python)."""
+        buf = io.BytesIO()
+        _SnapshotPickler(buf, self.engine).dump((__version__, self))
+        return _SNAPSHOT_MAGIC + zlib.compress(buf.getvalue(), 1)
+
+    @classmethod
+    def restore(cls, engine: Engine, blob: bytes) -> Session:
+        """A session from `snapshot()` bytes, attached to `engine`; `SnapshotError` when it cannot be."""
+        if not blob.startswith(_SNAPSHOT_MAGIC):
+            raise SnapshotError("not a logdx session snapshot")
+        try:
+            version, session = _SnapshotUnpickler(io.BytesIO(zlib.decompress(blob[len(_SNAPSHOT_MAGIC):])),
+                                                  engine).load()
+        except Exception as e:
+            raise SnapshotError(f"session snapshot unreadable: {type(e).__name__}: {e}") from e
+        if version != __version__ or not isinstance(session, cls):
+            raise SnapshotError(f"session snapshot of logdx {version}, this is {__version__}")
+        return session

@@ -12,20 +12,33 @@ versions are recorded in ``schema_versions(component, version)`` with a checksum
 - adding a component never touches another component's list;
 - an applied migration that was edited afterwards is detected (append a new one instead);
 - a database written by a newer logdx (a version we do not know) is refused, not corrupted.
+
+Two backends behind one interface (`Store`): this SQLite file (the embedded default: no server),
+and PostgreSQL (`store.url: postgresql://...`, `logdx.store_postgres`), which replicas share. A
+component writes its SQL once, in the subset both speak (`ON CONFLICT ... DO NOTHING|UPDATE`,
+`IS DISTINCT FROM`, `coalesce`, `RETURNING`), and its schema twice: `migrate(db, name, sqlite_list,
+postgres=postgres_list)`, each list versioned on its own. What the dialects do differently is asked
+of the store: `transaction(lock=...)` serialises a read-then-write across processes (SQLite's
+BEGIN IMMEDIATE already does; PostgreSQL takes an advisory lock), `skip_locked` claims rows no other
+replica holds (`FOR UPDATE SKIP LOCKED`; SQLite has one writer). Both raise `IntegrityError` and
+`StoreError`, subclasses of sqlite3's, so one `except` serves either backend.
 """
 
 from __future__ import annotations
 
-import hashlib
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Database", "MigrationError", "open_db", "migrate", "schema_version"]
+from logdx.store_base import IntegrityError, MigrationError, Store, StoreError, _checksum
+
+__all__ = ["Database", "Expiry", "IntegrityError", "MigrationError", "Store", "StoreError", "delete_expired",
+           "expired_keys", "is_url", "migrate", "open_db", "schema_version"]
 
 _BUSY_TIMEOUT_MS = 10_000
 
@@ -40,10 +53,6 @@ CREATE TABLE IF NOT EXISTS schema_versions (
 """
 
 
-class MigrationError(RuntimeError):
-    """A component's migrations cannot be applied to this database."""
-
-
 class Database:
     """One SQLite connection guarded by a re-entrant lock.
 
@@ -51,6 +60,9 @@ class Database:
     must land together. The lock is re-entrant so a component may call ``execute`` inside its own
     ``transaction()``.
     """
+
+    dialect = "sqlite"
+    skip_locked = ""  # one writer at a time: a claimed row is nobody else's
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
@@ -111,12 +123,12 @@ class Database:
         return None if row is None else row[0]
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self, lock: str | None = None) -> Iterator[sqlite3.Connection]:
         """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on error; nested calls join the outer one.
 
         IMMEDIATE takes the write lock up front, so two processes that read-then-write (e.g. both
-        checking a schema version before migrating) serialise instead of deadlocking.
-        """
+        checking a schema version before migrating) serialise instead of deadlocking. That already
+        serialises every writer, whatever `lock` names (PostgreSQL needs the name)."""
         with self.lock:
             if self._in_tx:
                 yield self._conn
@@ -144,14 +156,18 @@ class Database:
         self.close()
 
 
-def open_db(path: str | Path) -> Database:
-    """Open (creating if needed) the database file at ``path``; ``":memory:"`` for tests."""
-    return Database(path)
+def is_url(location: str | Path) -> bool:
+    return str(location).startswith(("postgresql://", "postgres://"))
 
 
-def _checksum(sql: str) -> str:
-    # Whitespace-insensitive so re-indenting a migration is not mistaken for changing it.
-    return hashlib.sha256(" ".join(sql.split()).encode()).hexdigest()[:16]
+def open_db(location: str | Path, pool_size: int = 8) -> Any:
+    """Open the store: a SQLite file at ``location`` (created if needed; ``":memory:"`` for tests),
+    or a PostgreSQL database when it is a ``postgresql://`` URL (`store.url`)."""
+    if is_url(location):
+        from logdx.store_postgres import PostgresDatabase
+
+        return PostgresDatabase(str(location), pool_size=pool_size)
+    return Database(location)
 
 
 def _statements(script: str) -> list[str]:
@@ -183,16 +199,19 @@ def _as_db(db: Database | sqlite3.Connection) -> Database:
     return wrapper
 
 
-def schema_version(db: Database | sqlite3.Connection, component: str) -> int:
+def schema_version(db: Any, component: str) -> int:
     """The highest applied version of ``component`` (0 when none)."""
+    if getattr(db, "dialect", "sqlite") != "sqlite":
+        return int(db.schema_version(component))
     d = _as_db(db)
     d.execute(_SCHEMA_VERSIONS_DDL)
     v = d.query_value("SELECT MAX(version) FROM schema_versions WHERE component = ?", (component,))
     return int(v or 0)
 
 
-def migrate(db: Database | sqlite3.Connection, component: str, migrations: list[str]) -> int:
+def migrate(db: Any, component: str, migrations: list[str], postgres: list[str] | None = None) -> int:
     """Bring ``component``'s schema up to ``len(migrations)``; returns the resulting version.
+    On PostgreSQL the ``postgres`` list is applied instead (its own versions).
 
     Each migration runs in its own transaction together with the row that records it, so a failed
     migration leaves the previous version intact. Safe to call on every start-up and from several
@@ -200,6 +219,10 @@ def migrate(db: Database | sqlite3.Connection, component: str, migrations: list[
     """
     if not component or not component.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"bad component name {component!r}")
+    if getattr(db, "dialect", "sqlite") != "sqlite":
+        if postgres is None:
+            raise MigrationError(f"{component} has no PostgreSQL schema")
+        return db.migrate(component, postgres)
     d = _as_db(db)
     with d.lock:
         d.execute(_SCHEMA_VERSIONS_DDL)
@@ -232,3 +255,41 @@ def migrate(db: Database | sqlite3.Connection, component: str, migrations: list[
             f"({len(migrations)}); upgrade logdx or use another database file"
         )
     return current
+
+
+# -- retention -------------------------------------------------------------------------------------
+
+_RETENTION_BATCH = 500  # rows per statement: the one connection's lock is never held for long
+
+
+@dataclass(frozen=True)
+class Expiry:
+    """Rows of `table` whose `column` (a `time.time()` stamp) is older than a cutoff, among those
+    `where` selects. Table, column and condition are the code's own, never user input."""
+
+    table: str
+    column: str
+    where: str = "1"
+
+    def _condition(self) -> str:
+        return f"{self.column} < ? AND ({self.where})"
+
+
+def expired_keys(db: Database, expiry: Expiry, cutoff: float, key: str, limit: int = _RETENTION_BATCH) -> list[Any]:
+    """Up to `limit` values of `key` of the expired rows, oldest first (for deletions a component
+    does itself, such as a job with its spool)."""
+    rows = db.query(f"SELECT {key} FROM {expiry.table} WHERE {expiry._condition()} ORDER BY {expiry.column} LIMIT ?",
+                    (cutoff, limit))
+    return [r[0] for r in rows]
+
+
+def delete_expired(db: Database, expiry: Expiry, cutoff: float) -> int:
+    """Delete the expired rows, in batches; returns how many."""
+    total = 0
+    sql = (f"DELETE FROM {expiry.table} WHERE rowid IN "
+           f"(SELECT rowid FROM {expiry.table} WHERE {expiry._condition()} LIMIT {_RETENTION_BATCH})")
+    while True:
+        n = db.execute(sql, (cutoff,)).rowcount
+        total += n
+        if n < _RETENTION_BATCH:
+            return total

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from logdx.act.report import Report
+from logdx.taxonomy import is_resubmit
 
 _RESET = "\x1b[0m"
 _STYLES = {
@@ -19,7 +20,29 @@ _ACTION_WORDS = {
     "no_restart": ("DO NOT RESTART: the owner must fix it", "yellow"),
     "none": ("nothing to do", "green"),
 }
+_RESUBMIT = ("RESUBMIT from the last checkpoint (the scheduler ended the job; no node to blame)", "yellow")
+_SENTENCES = {
+    "cordon_and_restart": "Cordon the node, then restart",
+    "restart": "Restart the job",
+    "no_restart": "Do not restart: the owner must fix it",
+    "none": "Nothing to do",
+}
+_RESUBMIT_SENTENCE = "Resubmit from the last checkpoint (the scheduler ended the job; no node to blame)"
 _MAX_TEXT = 240
+
+
+def action_words(report: Report) -> tuple[str, str]:
+    """What the report recommends, in capitals for the terminal, and its colour."""
+    if report.status == "failed" and is_resubmit(report.failure_type):
+        return _RESUBMIT
+    return _ACTION_WORDS[report.action]
+
+
+def recommended_action(report: Report) -> str:
+    """What the report recommends, as a sentence (alerts); says the same as `action_words`."""
+    if report.status == "failed" and is_resubmit(report.failure_type):
+        return _RESUBMIT_SENTENCE
+    return _SENTENCES[report.action]
 
 
 def render_text(report: Report, color: bool = False) -> str:
@@ -29,12 +52,14 @@ def render_text(report: Report, color: bool = False) -> str:
         return "".join(_STYLES[s] for s in styles) + text + _RESET
 
     lines: list[str] = []
-    if report.status == "healthy":
+    if report.status == "empty":
+        lines.append(paint("EMPTY", "bold", "yellow") + "  no log lines to diagnose")
+    elif report.status == "healthy":
         lines.append(paint("HEALTHY", "bold", "green") + f"  no failure found (confidence {report.confidence:.2f})")
     else:
         head = f"{report.category or 'unknown'} / {report.failure_type or 'unknown'}"
         lines.append(paint("FAILED", "bold", "red") + "  " + paint(head, "bold") + f"  (confidence {report.confidence:.2f})")
-        words, tone = _ACTION_WORDS[report.action]
+        words, tone = action_words(report)
         lines.append(f"{'action':>10}  " + paint(words, "bold", tone))
         culprit = _culprit_text(report)
         if culprit:

@@ -9,26 +9,36 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from logdx import __version__
+from logdx.api.cluster import cluster_router
+from logdx.api.deps import require_token
 from logdx.api.errors import CatchAllMiddleware, install_error_handlers
+from logdx.api.guard import KNOWN_METHODS, RequestGuard
 from logdx.api.metrics import Metrics
+from logdx.api.nodes import nodes_router
 from logdx.api.routes import api, health, metrics_router
 from logdx.api.services import Services
+from logdx.api.uploads import uploads
 from logdx.config import Settings, load_settings
 from logdx.pipeline import Engine
 
 log = logging.getLogger("logdx.api")
 
-SETTINGS_ENV = "LOGDX_API_SETTINGS_JSON"  # how `logdx serve` hands its settings to worker processes
+# How `logdx serve` hands its settings to worker processes: outside the LOGDX_* names, which are
+# all settings a user may set (and checked as such).
+SETTINGS_ENV = "_LOGDX_SERVE_SETTINGS_JSON"
 
 
 class MetricsMiddleware:
-    """Counts and times every HTTP request by method, route template and status."""
+    """Counts and times every HTTP request by method, route template and status: labels from fixed
+    sets (the known methods, the routes' templates or "unmatched"), whatever a client sends."""
 
-    def __init__(self, app: ASGIApp, get_metrics) -> None:  # noqa: ANN001
+    def __init__(self, app: ASGIApp, get_metrics) -> None:
         self.app = app
         self.get_metrics = get_metrics
 
@@ -52,7 +62,8 @@ class MetricsMiddleware:
             if metrics is not None:
                 route = scope.get("route")
                 path = getattr(route, "path", None) or "unmatched"
-                method = scope.get("method", "?")
+                method = scope.get("method", "")
+                method = method if method in KNOWN_METHODS else "other"
                 metrics.http.labels(method, path, str(status)).inc()
                 metrics.http_latency.labels(method, path).observe(time.perf_counter() - t0)
 
@@ -81,15 +92,48 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         version=__version__,
         summary="Why did this training job fail? Stream its logs in, get a diagnosis out.",
         lifespan=lifespan,
+        openapi_url=None,  # served by docs_router, behind the token
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.services = None
     install_error_handlers(app)
     app.include_router(health)
     app.include_router(metrics_router)
     app.include_router(api)
+    app.include_router(uploads)
+    app.include_router(nodes_router)
+    app.include_router(cluster_router)
+    app.include_router(docs_router)
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(MetricsMiddleware, get_metrics=lambda: getattr(app.state.services, "metrics", None))
+
+    def refused(reason: str) -> None:
+        metrics: Metrics | None = getattr(app.state.services, "metrics", None)
+        if metrics is not None:
+            metrics.refused.labels(reason).inc()
+
+    app.add_middleware(RequestGuard, server=settings.server, on_refused=refused)  # outermost: first to judge
     return app
+
+
+# The schema and the docs describe every route: they need the token as the routes do.
+docs_router = APIRouter(dependencies=[Depends(require_token)], include_in_schema=False)
+
+
+@docs_router.get("/openapi.json")
+async def openapi_schema(request: Request) -> JSONResponse:
+    return JSONResponse(request.app.openapi())
+
+
+@docs_router.get("/docs")
+async def swagger_ui() -> HTMLResponse:
+    return get_swagger_ui_html(openapi_url="/openapi.json", title="logdx API")
+
+
+@docs_router.get("/redoc")
+async def redoc() -> HTMLResponse:
+    return get_redoc_html(openapi_url="/openapi.json", title="logdx API")
 
 
 def app_from_env() -> FastAPI:

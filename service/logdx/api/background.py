@@ -1,11 +1,12 @@
-"""The service's two background threads: the diagnosis timer and the actor.
+"""The service's background threads: the diagnosis timers and the actor.
 
-- `Timer` runs a callback for a job at a given time (the debounced early diagnosis): one thread,
-  one heap, so a thousand open jobs cost one thread.
-- `Actor` turns diagnosis changes into effects, one at a time and in order: enqueue the alert
-  (the outbox dedupes per job and diagnosis), apply actions (dry-run by default), then record
-  that the diagnosis was acted on. Effects leave the request path: a slow Kubernetes API never
-  holds up an upload.
+- `Timer` runs a callback for a job at a given time (the debounced early diagnosis, the hang
+  checks): one thread, one heap, so a thousand open jobs cost one thread.
+- `Actor` turns diagnosis changes into effects, one at a time and in order: the actions and the
+  alert (`logdx.act.respond`, the same path as `logdx run`), then it records that the diagnosis
+  was acted on; "resolved" follow-ups when a job succeeds; and, every
+  `actions.health_check_interval_s`, the health checks that uncordon nodes. Effects leave the
+  request path: a slow Kubernetes API never holds up an upload.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
+from logdx.act.policy import RestartVerdict
 from logdx.act.report import Report
+from logdx.act.respond import Responder, Response
 
 log = logging.getLogger("logdx.api")
 
@@ -63,31 +65,33 @@ class Timer:
                 _, _, key = heapq.heappop(self._heap)
             try:
                 self._callback(key)
-            except Exception:  # noqa: BLE001 - one job's failure must not stop the timer
+            except Exception:
                 log.exception("scheduled diagnosis of job %s failed", key)
 
 
 @dataclass(slots=True)
 class Effect:
+    """A diagnosis change to act on (or, with `resolved`, a job that succeeded after failing)."""
+
     job_id: str
-    report: Report
+    report: Report | None
     key: str
+    verdict: RestartVerdict | None = None  # the job's history (`logdx.act.policy.restart_verdict`)
+    seen_hosts: tuple[str, ...] = ()  # the job's hosts: nodes the cluster-wide breaker knows
+    resolved: str = ""  # why the failures of `resolved_jobs` are over
+    resolved_jobs: tuple[str, ...] = field(default_factory=tuple)
 
 
 class Actor:
     """Alerts and actions for each diagnosis change, in order, off the request path."""
 
-    def __init__(
-        self,
-        enqueue_alert: Callable[[str, Report], bool] | None,
-        apply_actions: Callable[[str, Report], list[Any]] | None,
-        on_done: Callable[[Effect, bool, list[Any]], None],
-    ) -> None:
-        self._enqueue_alert = enqueue_alert
-        self._apply_actions = apply_actions
+    def __init__(self, responder: Responder, on_done: Callable[[Effect, Response], None]) -> None:
+        self._responder = responder
         self._on_done = on_done
         self._queue: queue.Queue[Effect | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="logdx-actor", daemon=True)
+        self._health_every = responder.actions.settings.health_check_interval_s
+        self._next_health = time.monotonic() + self._health_every
 
     def start(self) -> Actor:
         self._thread.start()
@@ -103,19 +107,32 @@ class Actor:
 
     def _run(self) -> None:
         while True:
-            effect = self._queue.get()
+            try:
+                effect = self._queue.get(timeout=max(0.0, self._next_health - time.monotonic()))
+            except queue.Empty:
+                self._health_checks()
+                continue
             if effect is None:
                 return
             try:
                 self._act(effect)
-            except Exception:  # noqa: BLE001 - keep acting on the next diagnosis
+            except Exception:
                 log.exception("acting on the diagnosis of job %s failed", effect.job_id)
 
     def _act(self, effect: Effect) -> None:
-        queued = False
-        records: list[Any] = []
-        if self._enqueue_alert is not None:
-            queued = self._enqueue_alert(effect.job_id, effect.report)
-        if self._apply_actions is not None:
-            records = list(self._apply_actions(effect.job_id, effect.report) or [])
-        self._on_done(effect, queued, records)
+        if effect.resolved:
+            for job_id in effect.resolved_jobs:
+                self._responder.resolved_job(job_id, effect.resolved)
+            return
+        assert effect.report is not None
+        response = self._responder.respond(effect.job_id, effect.report, verdict=effect.verdict,
+                                           seen_hosts=effect.seen_hosts)
+        self._on_done(effect, response)
+
+    def _health_checks(self) -> None:
+        """Uncordon the nodes whose health check passes (`actions.health_check_command`)."""
+        self._next_health = time.monotonic() + self._health_every
+        try:
+            self._responder.health_checks()
+        except Exception:
+            log.exception("node health checks failed")

@@ -134,7 +134,7 @@ class CatchAllMiddleware:
 
         try:
             await self.app(scope, receive, send_wrapper)
-        except Exception:  # noqa: BLE001 - this is the catch-all
+        except Exception:
             request_id = uuid.uuid4().hex[:12]
             log.exception("unhandled error in %s %s (request %s)", scope.get("method"), scope.get("path"), request_id)
             if started:

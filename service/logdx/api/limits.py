@@ -47,7 +47,7 @@ class TokenBucket:
     mid-stream); the next request of the job then waits until the debt is repaid (429 with
     Retry-After). The long-run rate is therefore the configured one."""
 
-    def __init__(self, rate: float, burst: float, clock=time.monotonic) -> None:  # noqa: ANN001
+    def __init__(self, rate: float, burst: float, clock=time.monotonic) -> None:
         self.rate = rate
         self.burst = burst
         self.tokens = burst

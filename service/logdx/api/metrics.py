@@ -5,6 +5,7 @@ loaded sessions, templates, pending alerts) are computed when /metrics is scrape
 
 With `server.workers > 1` each worker process keeps its own numbers and /metrics shows the worker
 that answered; run one worker per instance (and scale with instances) when exact numbers matter.
+Replicas sharing a line bus label every series with `replica` (`server.replica_id`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -44,8 +45,25 @@ class _StateCollector(Collector):
         return out
 
 
+class _Labelled:
+    """The registry's series, each with constant labels added (the replica's name)."""
+
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]) -> None:
+        self.registry = registry
+        self.labels = labels
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self.registry.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                out.samples.append(sample._replace(labels={**sample.labels, **self.labels}))
+            yield out
+
+
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, replica: str = "") -> None:
+        """`replica`: with several replicas, every series carries `replica="<name>"`."""
+        self.const_labels = {"replica": replica} if replica else {}
         disable_created_metrics()  # no `*_created` series next to every counter
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -74,10 +92,18 @@ class Metrics:
                                         ["kind", "outcome"], registry=r)
         self.actions = Counter("logdx_actions_total", "Actions decided", ["action", "outcome"], registry=r)
         self.replayed_lines = Counter("logdx_spool_replayed_lines_total", "Lines replayed from spools", registry=r)
+        self.refused = Counter("logdx_http_refused_total",
+                               "Requests refused before routing: unknown method, Host, Origin, browser-simple POST",
+                               ["reason"], registry=r)
+        self.retention_deleted = Counter("logdx_retention_deleted_total",
+                                         "What the retention sweep deleted (jobs, reports, alerts, audit rows)",
+                                         ["kind"], registry=r)
 
     def add_state(self, read: Callable[[], dict[str, float | dict[str, float]]]) -> None:
         """Gauges computed at scrape time. Keys: "help|name" or "help|label:name" for a dict."""
         self.registry.register(_StateCollector(read))
 
     def render(self) -> bytes:
+        if self.const_labels:
+            return generate_latest(_Labelled(self.registry, self.const_labels))  # type: ignore[arg-type]
         return generate_latest(self.registry)

@@ -18,10 +18,21 @@ class IngestResponse(BaseModel):
     job_id: str
     accepted_lines: int = Field(description="lines of this request now in the job (and in its spool)")
     accepted_bytes: int = Field(description="body bytes received, as sent (compressed if it was)")
-    skipped_records: int = Field(0, description="JSON records without a line/log/message/msg field")
+    skipped_records: int = Field(0, description="records that gave no line (see `refused`)")
+    refused: dict[str, int] = Field(default_factory=dict, description="records that gave no line, by reason: "
+                                    "no_message, no_job, bad_job_id, malformed")
     truncated_lines: int = Field(0, description="lines longer than input.max_line_bytes, cut and marked")
     job_lines: int = Field(description="lines the job has received so far, all uploads together")
     duplicate: bool = Field(False, description="an earlier request with the same Idempotency-Key was applied")
+
+
+class RoutedIngestResponse(BaseModel):
+    """An upload whose records name their jobs (OTLP, Loki push, X-Logdx-Job)."""
+
+    accepted_lines: int = Field(description="lines applied, all jobs together")
+    skipped_records: int = Field(0, description="records that gave no line (see `refused`)")
+    refused: dict[str, int] = Field(default_factory=dict, description="records that gave no line, by reason")
+    jobs: dict[str, int] = Field(default_factory=dict, description="lines applied per job")
 
 
 class EndRequest(_In):

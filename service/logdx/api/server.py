@@ -11,10 +11,12 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-EXIT_OK = 0
-EXIT_USAGE = 2
+from logdx.faces import EXIT_OK, EXIT_USAGE, UsageError, add_engine_args, settings_from
+
+if TYPE_CHECKING:
+    from logdx.config import ServerSettings, Settings
 
 
 class ServeError(Exception):
@@ -32,30 +34,35 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
 
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, help="config file (YAML or TOML); default $LOGDX_CONFIG")
+    add_engine_args(p, rules=False)
     p.add_argument("--host", help="address to bind (default server.host, 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default server.port, 8077)")
     p.add_argument("--workers", type=int, help="worker processes (default server.workers, 1)")
-    p.add_argument("--no-llm", action="store_true", help="skip the LLM stage")
-    p.add_argument("--no-retrieval", action="store_true", help="skip retrieval over past incidents")
+    p.add_argument("--role", choices=["all", "ingest", "worker"],
+                   help="with bus.url: ingest (uploads, reads), worker (diagnose owned partitions, act, alert) "
+                        "or all (default server.role, all)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
-def check_bind(host: str, token: str) -> None:
+def check_bind(server: ServerSettings) -> None:
+    """Refuse what would let anyone in: a reachable address, or any Host name, without a token."""
     from logdx.api.limits import is_loopback
 
-    if not token and not is_loopback(host):
+    if server.token:
+        return
+    if not is_loopback(server.host):
         raise ServeError(
-            f"refusing to listen on {host} without a token: set server.token (LOGDX_SERVER__TOKEN) "
+            f"refusing to listen on {server.host} without a token: set server.token (LOGDX_SERVER__TOKEN) "
             "or bind to 127.0.0.1")
+    if "*" in (h.strip() for h in server.allowed_hosts):
+        raise ServeError("server.allowed_hosts '*' needs a token: without one any web page could reach "
+                         "the service through DNS rebinding; list the names instead")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from logdx.config import ConfigError, load_settings
-
     try:
-        settings = load_settings(args.config)
-    except ConfigError as e:
+        settings = settings_from(args)
+    except UsageError as e:
         return _usage(str(e))
     s = settings.server
     if args.host is not None:
@@ -68,24 +75,49 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.workers < 1:
             return _usage("--workers must be at least 1")
         s.workers = args.workers
-    if args.no_llm:
-        settings.llm.enabled = False
-    if args.no_retrieval:
-        settings.retrieval.enabled = False
+    if args.role is not None:
+        if args.role != "all" and not settings.bus.url:
+            return _usage(f"--role {args.role} needs bus.url (LOGDX_BUS__URL=nats://...): without a bus one "
+                          "process does all")
+        s.role = args.role
+    if settings.bus.url and s.workers > 1:
+        return _usage("with bus.url run one worker per replica (server.workers 1) and scale with replicas")
     try:
-        check_bind(s.host, s.token)
+        check_bind(s)
+        check_cluster(settings)
     except ServeError as e:
         return _usage(str(e))
     return serve(settings, log_level=args.log_level)
 
 
-def serve(settings, log_level: str = "info") -> int:  # noqa: ANN001 - Settings
+def check_cluster(settings: Settings) -> None:
+    """With store.url / bus.url: refuse to start, in one line, when PostgreSQL or NATS cannot be reached."""
+    if settings.store.url:
+        import psycopg
+
+        from logdx.store_postgres import _redacted
+
+        try:
+            psycopg.connect(settings.store.url, connect_timeout=5).close()
+        except psycopg.Error as e:
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ServeError(f"store.url {_redacted(settings.store.url)}: {why}") from None
+    if settings.bus.url:
+        from logdx.bus import open_bus
+
+        try:
+            open_bus(settings.bus, name="logdx-check").close()
+        except Exception as e:  # noqa: BLE001
+            raise ServeError(f"bus.url {settings.bus.url}: {e}") from None
+
+
+def serve(settings: Settings, log_level: str = "info") -> int:
     import uvicorn
 
     from logdx.api.app import SETTINGS_ENV, create_app
 
     s = settings.server
-    check_bind(s.host, s.token)
+    check_bind(s)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     common = dict(host=s.host, port=s.port, log_level=log_level, access_log=s.access_log, server_header=False,
                   timeout_graceful_shutdown=30, proxy_headers=False)

@@ -9,6 +9,8 @@ changes that were stored but not acted on before a crash are acted on.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,16 +19,18 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
-from logdx.act.actuators import Actions
-from logdx.act.alerts import Outbox, OutboxWorker
-from logdx.act.report import Report
+from logdx.act.respond import Responder, Response
 from logdx.api.background import Actor, Effect
+from logdx.api.guard import REFUSAL_REASONS
 from logdx.api.jobs import Job, JobManager
+from logdx.api.jobs_cluster import ClusterJobManager
 from logdx.api.metrics import Metrics
+from logdx.api.retention import KINDS, Sweeper
+from logdx.bus.ownership import WORKER_ROLES
 from logdx.config import Settings
 from logdx.incidents import IncidentStore
 from logdx.pipeline import Engine
-from logdx.store import Database, open_db
+from logdx.store import Store, open_db
 
 log = logging.getLogger("logdx.api")
 T = TypeVar("T")
@@ -35,14 +39,13 @@ T = TypeVar("T")
 @dataclass
 class Services:
     settings: Settings
-    db: Database
+    db: Store
     incidents: IncidentStore
     jobs: JobManager
     metrics: Metrics
-    outbox: Outbox
-    outbox_worker: OutboxWorker
-    actions: Actions
+    responder: Responder  # alerts and actions
     actor: Actor
+    sweeper: Sweeper
     engine: Engine | None = None
     startup_error: str | None = None
     recovering: int = 0
@@ -50,45 +53,64 @@ class Services:
 
     @classmethod
     def open(cls, settings: Settings) -> Services:
-        metrics = Metrics()
-        db = open_db(settings.store.path)
+        metrics = Metrics(replica=replica_id(settings) if settings.bus.url else "")
+        db = open_db(settings.store.location, settings.store.pool_size)
         incidents = IncidentStore(db)
-        jobs = JobManager(settings, db, incidents, metrics)
-        outbox = Outbox(db, settings.alerts, settings.server.public_url,
-                        on_delivery=lambda kind, outcome: metrics.alert_deliveries.labels(kind, outcome).inc())
-        worker = OutboxWorker(outbox)
-        actions = Actions(db, settings.actions)
+        jobs = _job_manager(settings, db, incidents, metrics)
+        responder = Responder(db, settings, public_url=settings.server.public_url,
+                              on_delivery=lambda kind, outcome: metrics.alert_deliveries.labels(kind, outcome).inc())
 
-        def enqueue(job_id: str, report: Report) -> bool:
-            queued = outbox.enqueue(job_id, report)
-            metrics.alerts_enqueued.labels("queued" if queued else "skipped").inc()
-            if queued:
-                worker.wake()
-            return queued
-
-        def done(effect: Effect, _queued: bool, records: list[Any]) -> None:
-            for rec in records:
-                metrics.actions.labels(getattr(rec, "action", "?"), getattr(rec, "outcome", "?")).inc()
+        def done(effect: Effect, response: Response) -> None:
+            metrics.alerts_enqueued.labels("queued" if response.alert_queued else "skipped").inc()
+            for rec in response.actions:
+                metrics.actions.labels(rec.action, rec.outcome).inc()
             jobs.acted(effect.job_id, effect.key)
 
-        actor = Actor(enqueue, actions.apply, done)
-        services = cls(settings=settings, db=db, incidents=incidents, jobs=jobs, metrics=metrics, outbox=outbox,
-                       outbox_worker=worker, actions=actions, actor=actor)
+        actor = Actor(responder, done)
+        sweeper = Sweeper(settings, db, jobs, on_deleted=lambda kind, n: metrics.retention_deleted.labels(kind).inc(n))
+        for kind in KINDS:  # every series from the start, at 0: bounded, and plain to graph
+            metrics.retention_deleted.labels(kind)
+        for reason in REFUSAL_REASONS:
+            metrics.refused.labels(reason)
+        services = cls(settings=settings, db=db, incidents=incidents, jobs=jobs, metrics=metrics,
+                       responder=responder, actor=actor, sweeper=sweeper)
         metrics.add_state(services._gauges)
         return services
+
+    @property
+    def cluster(self) -> ClusterJobManager | None:
+        """The jobs of a cluster (bus.url set), or None for the embedded single process."""
+        return self.jobs if isinstance(self.jobs, ClusterJobManager) else None
+
+    @property
+    def acts(self) -> bool:
+        """Whether this replica acts and alerts (workers do; ingest replicas only publish)."""
+        return self.settings.server.role in WORKER_ROLES
 
     def _gauges(self) -> dict[str, Any]:
         state = self.jobs.state_gauges()
         state["Whether the engine is loaded|logdx_ready"] = 1.0 if self.engine is not None else 0.0
-        pending = self.db.query_value("SELECT COUNT(*) FROM alert_outbox WHERE status = 'pending'")
-        state["Alerts waiting for delivery|logdx_alerts_pending"] = float(pending or 0)
+        state["Alerts waiting for delivery|logdx_alerts_pending"] = float(self.responder.outbox.pending_count())
+        cluster = self.cluster
+        if cluster is not None:
+            owned = cluster.owned()
+            state["Partitions of the line bus this replica owns (1 each)|partition:logdx_partition_owned"] = {
+                str(p): 1.0 for p in owned}
+            state["Records of an owned partition not read yet|partition:logdx_partition_lag"] = {
+                str(p): float(cluster.bus.lag(p) or 0) for p in owned}
+            state["Partitions this replica took over or claimed since it started|logdx_partition_takeovers"] = float(
+                cluster.takeovers)
+            state["Lines applied to the sessions of this replica's partitions since it started|"
+                  "logdx_bus_applied_lines"] = float(cluster.applied_lines)
         return state
 
     # -- life cycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.actor.start()
-        self.outbox_worker.start()
+        if self.acts:
+            self.actor.start()
+            self.responder.start()
+        self.sweeper.start()
 
     async def load_engine(self, engine: Engine | None = None) -> None:
         """Load the engine off the event loop, then recover open jobs."""
@@ -98,7 +120,7 @@ class Services:
                 engine = await anyio.to_thread.run_sync(
                     lambda: Engine.create(self.settings, incidents=self.incidents, warm=True)
                 )
-        except Exception as e:  # noqa: BLE001 - reported by /readyz, logged here
+        except Exception as e:
             log.exception("the engine failed to load")
             self.startup_error = f"{type(e).__name__}: {e}"
             return
@@ -108,6 +130,9 @@ class Services:
         await self.recover()
 
     async def recover(self) -> None:
+        if self.cluster is not None:
+            self.cluster.start_cluster()  # owners recover their partitions as they take them
+            return
         for effect in self.jobs.unacted():
             log.info("job %s: acting on a diagnosis stored before the last stop", effect.job_id)
             self.actor.submit(effect)
@@ -118,17 +143,19 @@ class Services:
             if job is not None:
                 try:
                     await self.run_locked(job, self.jobs.warm, job)
-                except Exception:  # noqa: BLE001 - one bad spool must not stop the others
+                except Exception:
                     log.exception("job %s: recovery failed", job_id)
             self.recovering -= 1
         if ids:
             log.info("recovered %d open job(s)", len(ids))
 
     def stop(self) -> None:
+        self.sweeper.stop()
+        self.jobs.close()  # a cluster's owner saves and hands back its partitions first
         self.actor.stop()
-        self.outbox_worker.stop()
-        self.outbox.close()
-        self.jobs.close()
+        self.responder.close()
+        if self.cluster is not None:
+            self.cluster.bus.close()
         self.db.close()
 
     # -- running work off the event loop ------------------------------------------------------
@@ -141,3 +168,22 @@ class Services:
         queue on the event loop, so a busy job never ties up the thread pool."""
         async with job.alock:
             return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+
+def replica_id(settings: Settings) -> str:
+    return settings.server.replica_id or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _job_manager(settings: Settings, db: Store, incidents: IncidentStore, metrics: Metrics) -> JobManager:
+    """The jobs of one process (spool files), or of a cluster (the line bus, partition owners)."""
+    if not settings.bus.url:
+        return JobManager(settings, db, incidents, metrics)
+    from logdx.bus import open_bus
+    from logdx.bus.ownership import Ownership
+
+    replica = replica_id(settings)
+    s = settings.server
+    url = s.public_url or f"http://{s.host}:{s.port}"
+    ownership = Ownership(db, replica, s.role, settings.bus.partitions, settings.bus.lease_s, url=url)
+    return ClusterJobManager(settings, db, incidents, metrics, open_bus(settings.bus, name=f"logdx-{replica}"),
+                             ownership)

@@ -2,20 +2,25 @@
 
 A job's session (normaliser, Drain miner, detector) lives in memory; the spool is what it is
 rebuilt from after a restart. Each request appends DATA records as its body arrives (the lines
-of one chunk, with their sources), and one END record when it finishes; the END record is
-fsync'd before the client gets its 2xx. Replaying a spool feeds, in file order, the DATA of
-every request that has an END record, and of requests still running in a live process; the DATA
-of a request whose process died before its END is skipped: that client got no 2xx and will send
-those lines again. A 2xx'd line is therefore replayed exactly once.
+of one piece, with their sources) and, when it completes, one END record; the END record is
+fsync'd before the client gets its 2xx. A request's lines are applied (fed to the session) only
+then, at its END's place in the file: a request that failed or whose client went away applies
+nothing, so its retry counts once.
+
+Reading a spool (`Reader`) therefore remembers where each request's DATA records are until its
+END comes: an END "ok" commits the first `n` lines of its DATA (`n` is all of them unless a bound
+stopped the request early), any other END drops them. DATA of a request whose process died before
+its END is dropped too (that client got no 2xx and sends those lines again); DATA of a request still
+running in a live process stays pending until its END.
 
 Record: header ``<4s magic><B type><3x><I meta_len><I payload_len><I crc32>``, JSON meta, payload
 (the lines joined by LF). A record cut short by a crash fails its length or CRC check; the file
 is truncated back to the last whole record before anything is appended after it.
 
 Several server processes may share a spool (uvicorn workers): appends happen under an exclusive
-``flock``, and a process first reads what others appended (`catch_up`) so every process's session
-sees the same lines in the same order. Each process holds a lock file while it lives
-(`InstanceLock`), which is how a replay tells a dead writer from a live one.
+``flock``, and a process first reads what others appended so every process's session sees the
+same lines in the same order. Each process holds a lock file while it lives (`InstanceLock`),
+which is how a reader tells a dead writer from a live one.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import os
 import struct
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +50,7 @@ class Record:
     type: int
     meta: dict[str, Any]
     payload: bytes
+    start: int  # file offset of this record
     end: int  # file offset just after this record
 
 
@@ -90,8 +96,34 @@ class InstanceLock:
             pass
 
 
+@dataclass(slots=True)
+class Pending:
+    """A request's DATA records seen so far (their file offsets), waiting for its END."""
+
+    instance: str
+    starts: list[int]
+
+
+@dataclass(slots=True)
+class Commit:
+    """An END record as read: for an "ok" END, the DATA records (offsets) whose first `lines` lines
+    it applies; for others, none."""
+
+    meta: dict[str, Any]
+    starts: list[int]
+
+    @property
+    def ok(self) -> bool:
+        return self.meta.get("st") == "ok"
+
+    @property
+    def lines(self) -> int | None:
+        n = self.meta.get("n")
+        return n if isinstance(n, int) else None
+
+
 class Spool:
-    """One job's append-only record file."""
+    """One job's append-only record file, and how far this process has read it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -99,7 +131,8 @@ class Spool:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         if new:
             _fsync_dir(path.parent)
-        self.offset = 0  # how far this process has read (and fed)
+        self.offset = 0  # how far this process has read (and applied)
+        self.pending: dict[str, Pending] = {}  # request id -> its DATA records, until its END
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -113,16 +146,74 @@ class Spool:
         return os.fstat(self.fd).st_size
 
     def append(self, rtype: int, meta: dict[str, Any], payload: bytes = b"") -> int:
-        """Write one record at the end (call under `locked()`, after `catch_up`); returns its end."""
+        """Write one record at the end (call under `locked()`); returns where it ends. The reader
+        position moves past it only when it was at the end already (this process has then seen
+        the record: it is its own)."""
         meta_b = json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode()
         crc = zlib.crc32(payload, zlib.crc32(meta_b))
+        start = self.size()
         data = HEADER.pack(MAGIC, rtype, len(meta_b), len(payload), crc) + meta_b + payload
         view = memoryview(data)
         while view:
             written = os.write(self.fd, view)
             view = view[written:]
-        self.offset += len(data)
-        return self.offset
+        end = start + len(data)
+        if self.offset == start:
+            self._see(rtype, meta, start)
+            self.offset = end
+        return end
+
+    def _see(self, rtype: int, meta: dict[str, Any], start: int) -> Pending | None:
+        """Note a record as read: DATA waits for its END; an END takes its request's DATA."""
+        r = meta.get("r", "")
+        if rtype == DATA:
+            pending = self.pending.get(r)
+            if pending is None:
+                pending = self.pending[r] = Pending(meta.get("i", ""), [])
+            pending.starts.append(start)
+            return None
+        return self.pending.pop(r, None)
+
+    def read_new(self, stop: int, is_alive: Callable[[str], bool] | None = None) -> Iterator[Commit]:
+        """Read from `offset` to `stop`: remember DATA records, yield each END as a `Commit` (in file
+        order: the order requests are applied in). With `is_alive`, the DATA of requests whose
+        process is gone is dropped once the end is reached (a replay after a crash)."""
+        for rec in self.records(self.offset, stop):
+            pending = self._see(rec.type, rec.meta, rec.start)
+            self.offset = rec.end
+            if rec.type == END:
+                yield Commit(rec.meta, pending.starts if pending is not None else [])
+        if is_alive is not None:
+            for r in [r for r, p in self.pending.items() if not is_alive(p.instance)]:
+                del self.pending[r]
+
+    def take_pending(self, request_id: str) -> list[int]:
+        """This process's own request: its DATA records, now that it is being committed."""
+        pending = self.pending.pop(request_id, None)
+        return pending.starts if pending is not None else []
+
+    def data_runs(self, starts: list[int], lines: int | None = None) -> Iterator[list[tuple[Any, list[bytes]]]]:
+        """The runs of the DATA records at `starts`, record by record, the first `lines` lines only
+        (all when None)."""
+        left = lines
+        for start in starts:
+            if left is not None and left <= 0:
+                return
+            rec = next(self.records(start), None)
+            if rec is None or rec.type != DATA:
+                continue
+            runs = []
+            for src, chunk in decode_runs(rec.meta["s"], rec.payload):
+                if left is not None:
+                    chunk = chunk[:left]
+                    left -= len(chunk)
+                runs.append((src, chunk))
+            yield runs
+
+    def reset(self) -> None:
+        """Forget what was read (a replay from the start follows)."""
+        self.offset = 0
+        self.pending.clear()
 
     def sync(self) -> None:
         os.fsync(self.fd)
@@ -148,7 +239,7 @@ class Spool:
                 meta = json.loads(body[:meta_len])
             except ValueError:
                 return
-            yield Record(rtype, meta, body[meta_len:], body_end)
+            yield Record(rtype, meta, body[meta_len:], pos, body_end)
             pos = body_end
 
     def truncate(self, offset: int) -> None:

@@ -38,74 +38,26 @@ The action
 ----------
 Sources in ``trusted_action_sources`` (default: rules, whose packs state actions on purpose) keep
 the action they gave. Otherwise the action is derived from the label so that the report is always
-consistent: infrastructure hardware (GPU, ECC, NVLink, node) -> ``cordon_and_restart``; other
-infrastructure -> ``restart``; framework and script -> ``no_restart``. A neighbour's stored
+consistent, from the taxonomy (``logdx/taxonomy.yaml``). A neighbour's stored
 action is not trusted because it described *that* incident's culprit, not this one's.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
 
-from logdx.model import FAILURE_TYPES, Action, Category, Evidence, Label, StageVote
+from logdx.config import FusionSettings
+from logdx.model import Action, Category, Evidence, Label, StageVote
+from logdx.taxonomy import default_action
 
 __all__ = [
-    "HARDWARE_FAILURE_TYPES",
     "FusionResult",
     "FusionWeights",
-    "category_of",
-    "default_action",
     "format_neighbour_evidence",
     "fuse",
-    "is_canonical",
-    "make_label",
     "parse_evidence_label",
 ]
-
-# Failure types that mean a piece of the machine is bad: take it out of the pool before restarting.
-HARDWARE_FAILURE_TYPES: frozenset[str] = frozenset(
-    {"gpu_fell_off_bus", "ecc_error", "nvlink_error", "gpu_hardware_error", "node_failure"}
-)
-
-_CATEGORY_OF: dict[str, Category] = {
-    ft: cat for cat, fts in FAILURE_TYPES.items() for ft in fts if cat is not Category.UNKNOWN
-}
-
-
-def category_of(failure_type: str) -> Category | None:
-    """The category a canonical failure type belongs to (failure types are unique across categories)."""
-    return _CATEGORY_OF.get(failure_type)
-
-
-def is_canonical(category: Category | str, failure_type: str) -> bool:
-    try:
-        cat = Category(category)
-    except ValueError:
-        return False
-    return cat is not Category.UNKNOWN and failure_type in FAILURE_TYPES[cat]
-
-
-def default_action(category: Category | str, failure_type: str) -> Action:
-    """The action a label implies when nobody stated one (see the module docstring)."""
-    cat = Category(category)
-    if cat is Category.INFRASTRUCTURE:
-        return Action.CORDON_AND_RESTART if failure_type in HARDWARE_FAILURE_TYPES else Action.RESTART
-    if cat is Category.UNKNOWN:
-        # Nothing known: a blind restart is what on-call would do, and it is cheap to undo.
-        return Action.RESTART
-    return Action.NO_RESTART
-
-
-def make_label(category: Category | str, failure_type: str, action: Action | str | None = None) -> Label:
-    """A canonical Label; raises ValueError for a failure type outside its category."""
-    if not is_canonical(category, failure_type):
-        raise ValueError(f"not a canonical label: {category}/{failure_type}")
-    cat = Category(category)
-    act = Action(action) if action is not None else default_action(cat, failure_type)
-    return Label(cat, failure_type, act)
-
 
 # Retrieval evidence names the neighbour's label so fusion can keep only the neighbours that
 # support the winner. Kept here (a light module) so fusion never imports the heavy retrieval code.
@@ -121,34 +73,32 @@ def parse_evidence_label(ev: Evidence) -> tuple[str, str] | None:
     return (m["cat"], m["ft"]) if m else None
 
 
+def _weight(name: str) -> float:
+    """A fusion weight's default, declared once in config.FusionSettings."""
+    return float(FusionSettings.model_fields[name].default)
+
+
 @dataclass(frozen=True, slots=True)
 class FusionWeights:
-    """Every number fusion uses; load from config to tune without code changes."""
+    """Every number fusion uses. The tunable ones are settings (config.FusionSettings, `fusion:`)."""
 
-    rules_precise: float = 1.0
-    rules_fallback: float = 0.35
-    retrieval: float = 0.6
-    llm_arbiter: float = 0.5
-    llm_advisor: float = 0.15
+    rules_precise: float = _weight("rules_precise")
+    rules_fallback: float = _weight("rules_fallback")
+    retrieval: float = _weight("retrieval")
+    catalog: float = _weight("catalog")
+    llm_arbiter: float = _weight("llm_arbiter")
+    llm_advisor: float = _weight("llm_advisor")
     other: float = 0.3  # a source fusion does not know (e.g. a future stage)
-    split_margin: float = 0.2
-    category_credit: float = 0.3
-    dissent_penalty: float = 0.5
-    min_support: float = 0.15
-    max_confidence: float = 0.99
+    split_margin: float = _weight("split_margin")
+    category_credit: float = _weight("category_credit")
+    dissent_penalty: float = _weight("dissent_penalty")
+    min_support: float = _weight("min_support")
+    max_confidence: float = _weight("max_confidence")
     trusted_action_sources: tuple[str, ...] = ("rules",)
 
     @classmethod
-    def from_settings(cls, section: Any) -> FusionWeights:
-        """Override the defaults with whatever keys a config section (pydantic model or dict) has."""
-        if section is None:
-            return cls()
-        data = section if isinstance(section, dict) else getattr(section, "model_dump", lambda: vars(section))()
-        known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in data.items() if k in known and v is not None}
-        if "trusted_action_sources" in kw:
-            kw["trusted_action_sources"] = tuple(kw["trusted_action_sources"])
-        return cls(**kw)
+    def from_settings(cls, section: FusionSettings) -> FusionWeights:
+        return cls(**section.model_dump())
 
 
 @dataclass(slots=True)
@@ -164,7 +114,7 @@ class FusionResult:
 
 
 _Key = tuple[Category, str]
-_SOURCE_ORDER = ("rules", "retrieval", "llm")
+_SOURCE_ORDER = ("rules", "catalog", "retrieval", "llm")
 
 
 @dataclass(slots=True)
@@ -194,6 +144,13 @@ def _dist(vote: StageVote) -> _Dist:
     return _Dist(vote.source, vote, p, action)
 
 
+def needs_arbiter(votes: list[StageVote], margin: float) -> bool:
+    """No clear neighbour vote: retrieval is absent, empty or split between two labels. Only then does
+    the LLM's vote weigh much (``llm_arbiter``), so only then is it worth asking."""
+    retrieval = next((v for v in votes if v.source == "retrieval" and v.scores), None)
+    return _is_split(_dist(retrieval) if retrieval is not None else None, margin)
+
+
 def _is_split(d: _Dist | None, margin: float) -> bool:
     if d is None or not d.p:
         return True
@@ -209,6 +166,8 @@ def _weights(dists: dict[str, _Dist], rule_hit_precise: bool, w: FusionWeights) 
             out[src] = w.rules_precise if rule_hit_precise else w.rules_fallback
         elif src == "retrieval":
             out[src] = w.retrieval
+        elif src == "catalog":
+            out[src] = w.catalog
         elif src == "llm":
             out[src] = w.llm_arbiter if arbitrate else w.llm_advisor
         else:

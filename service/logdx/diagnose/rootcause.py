@@ -3,19 +3,21 @@
 Symptoms never win over a root cause. Among root causes the earliest wins (by timestamp when
 both carry one, else by line order), unless the rank that raised it kept training afterwards
 (then it was not fatal). Generic fallbacks (an exception no precise rule knows) win only when no
-precise root cause exists. When only symptoms exist (every rank but one timed out in NCCL), the
-culprit is the rank missing from the symptom set, or the one lagging in collective sequence.
+precise root cause exists. Who is to blame is decided in culprit.py.
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from logdx.diagnose.culprit import attribute
+from logdx.diagnose.origin import locate
 from logdx.diagnose.rules import RuleHit, RuleSet, render_hint
 from logdx.model import (
+    Attribution,
     Category,
     CompressionSummary,
     Event,
@@ -27,7 +29,7 @@ from logdx.model import (
     StageVote,
     TemplateStats,
 )
-from logdx.patterns import mask, pci_key
+from logdx.patterns import mask
 
 _SEQNUM = re.compile(r"SeqNum=(\d+)")
 # A rank that kept making progress this long after an error was not killed by it.
@@ -36,10 +38,10 @@ _NON_FATAL_AFTER_LINES = 20_000
 # How close after a lesser fault a graver one must come to be taken as its cause.
 _EXPLAIN_WINDOW_S = 900.0
 _EXPLAIN_WINDOW_LINES = 5_000
-_NEARBY_LINES = 400
-_LAUNCHER_KINDS = frozenset({"signal_exit", "child_failed"})
-_WHOLE_NODE_FAILURES = frozenset({"node_failure"})  # every rank on the host went down with it
 _SEVERITY = {"critical": 0, "high": 1, "medium": 2, "low": 3}
+# How a job ends from outside (the OOM killer, the scheduler): when it comes before the watchdog
+# timeouts, those are its echo.
+_ENDS_BEFORE_ECHOES = frozenset({"host_oom", "time_limit"})
 
 
 @dataclass(slots=True)
@@ -62,9 +64,7 @@ class RulesOutcome:
     winner: Finding | None
     role: Role | None  # the role of the winning hit: a symptom-only verdict is weak
     findings: list[Finding]
-    culprit_hosts: list[str]
-    culprit_ranks: list[int]
-    culprit_gpus: list[str]
+    attribution: Attribution
     context: FailureContext
     explanation: str
     hint: str
@@ -84,19 +84,17 @@ def find_root_cause(
     if exited_ok:
         findings = [f for f in findings if not _kept_training_after(f.event, summary, any_progress=True)]
     winner, role = _choose(findings, summary)
-    hosts, ranks, gpus = _culprits(winner, role, findings, summary)
+    att = attribute(winner, role, findings, summary)
     vote = _vote(winner, findings)
-    context = failure_context(winner.hit.line if winner else _first_anchor(unexplained), winner, templates)
-    explanation = _explain(winner, role, findings, hosts, ranks, gpus)
-    hint = _hint(winner, rules, hosts, ranks, gpus)
+    context = failure_context(winner.hit.line if winner else likeliest_unexplained(unexplained), winner, templates)
+    explanation = _explain(winner, role, findings, att.hosts, att.ranks, att.gpus) + _raised_where(winner, rules)
+    hint = _hint(winner, rules, att.hosts, att.ranks, att.gpus)
     return RulesOutcome(
         vote=vote,
         winner=winner,
         role=role,
         findings=findings,
-        culprit_hosts=hosts,
-        culprit_ranks=ranks,
-        culprit_gpus=gpus,
+        attribution=att,
         context=context,
         explanation=explanation,
         hint=hint,
@@ -108,15 +106,20 @@ def find_root_cause(
 
 
 def _match_all(events: Sequence[Event], rules: RuleSet) -> tuple[list[Finding], list[Event]]:
-    """Best hit per event; events that repeat a (rule, template) already found are folded in."""
+    """Best hit per event; events that repeat a (rule, template) already found are folded in.
+    An exception that only re-raises or follows another (a DataLoader's "Caught KeyError in worker
+    process 0", the second link of a chain) gives way to the one it wraps or follows: the innermost
+    failure is the cause."""
+    best = {id(e): hits[0] for e in events if (hits := rules.match(e))}
     by_key: dict[tuple[str, str], Finding] = {}
     unexplained: list[Event] = []
     for event in events:
-        hits = rules.match(event)
-        if not hits:
+        hit = best.get(id(event))
+        if hit is None:
             unexplained.append(event)
             continue
-        hit = hits[0]
+        if _superseded(event, best):
+            continue
         key = (hit.rule_id, mask(hit.line.text))
         found = by_key.get(key)
         if found is None:
@@ -126,6 +129,16 @@ def _match_all(events: Sequence[Event], rules: RuleSet) -> tuple[list[Finding], 
         found.similar += 1
         _note_where(found, hit)
     return list(by_key.values()), unexplained
+
+
+def _superseded(event: Event, best: dict[int, RuleHit]) -> bool:
+    inner = event.attrs.get("wraps") or event.attrs.get("chained_from")
+    while isinstance(inner, Event):
+        hit = best.get(id(inner))
+        if hit is not None and hit.role is not Role.SYMPTOM:
+            return True
+        inner = inner.attrs.get("chained_from")
+    return False
 
 
 def _note_where(found: Finding, hit: RuleHit) -> None:
@@ -158,18 +171,23 @@ def _choose(findings: list[Finding], summary: CompressionSummary) -> tuple[Findi
     roots = [f for f in findings if f.hit.role == Role.ROOT_CAUSE]
     if roots:
         fatal = [f for f in roots if not _kept_training_after(f.event, summary)] or roots
-        return _graver_explanation(_earliest(fatal), fatal, summary), Role.ROOT_CAUSE
-    fallbacks = [f for f in findings if f.hit.role == Role.FALLBACK]
+        winner = _graver_explanation(_earliest(fatal), fatal, summary)
+        return _named_report(winner, fatal), Role.ROOT_CAUSE
+    # Generic evidence (an error no precise rule names) that its own process trained past was
+    # survived: a caught exception, a warning-level "error:". Only what training did not outlive counts.
+    fallbacks = [f for f in findings if f.hit.role == Role.FALLBACK and not _trained_past(f.event, summary)]
     if fallbacks:
-        fatal = [f for f in fallbacks if not _kept_training_after(f.event, summary)] or fallbacks
-        return _earliest(fatal), Role.FALLBACK
+        return _earliest(fallbacks), Role.FALLBACK
     symptoms = [f for f in findings if f.hit.role == Role.SYMPTOM]
     if symptoms:
         # The most telling symptom: a watchdog timeout says more than a stall, and a stall more than
-        # the SIGTERM or "step cancelled" that ended the hung job (rule confidences rank them).
+        # the SIGTERM or "step cancelled" that ended the hung job (rule confidences rank them)...
         best = max(symptoms, key=lambda f: (f.hit.confidence, f.event.kind != "stall"))
-        peers = [f for f in symptoms if f.hit.rule_id == best.hit.rule_id]
-        return _earliest(peers), Role.SYMPTOM
+        first = _earliest([f for f in symptoms if f.hit.rule_id == best.hit.rule_id])
+        # ...unless a process was killed, or the scheduler ended the job, before anyone timed out:
+        # the others then waited for the dead one, and the kill is the cause of their timeouts.
+        ends = [f for f in symptoms if f.hit.label.failure_type in _ENDS_BEFORE_ECHOES and _earlier(f.event, first.event)]
+        return (_earliest(ends) if ends else first), Role.SYMPTOM
     return None, None
 
 
@@ -192,6 +210,24 @@ def _graver_explanation(winner: Finding, roots: list[Finding], summary: Compress
         and (_soon_after(winner.event, f.event) or _same_host(winner, f, summary))
     ]
     return _earliest(graver) if graver else winner
+
+
+def _named_report(winner: Finding, roots: list[Finding]) -> Finding:
+    """The same fault is often printed twice: an anonymous exception line, and the NCCL watchdog
+    of the rank it happened on ("[Rank 1] ... watchdog thread terminated with exception: CUDA error:
+    uncorrectable ECC error"). The report that names its rank or host is the more telling root line."""
+    if winner.hit.rank is not None or winner.hit.host:
+        return winner
+    twins = [
+        f for f in roots
+        if f is not winner and f.hit.label.failure_type == winner.hit.label.failure_type
+        and (f.hit.rank is not None or f.hit.host) and _near(winner.event, f.event)
+    ]
+    return _earliest(twins) if twins else winner
+
+
+def _near(a: Event, b: Event) -> bool:
+    return _soon_after(a, b) or _soon_after(b, a)
 
 
 def _same_host(a: Finding, b: Finding, summary: CompressionSummary) -> bool:
@@ -231,77 +267,13 @@ def _kept_training_after(event: Event, summary: CompressionSummary, any_progress
     return key != "-" and last - event.line_no > _NON_FATAL_AFTER_LINES
 
 
-# -- culprits ----------------------------------------------------------------------------------------
-
-
-def _culprits(
-    winner: Finding | None, role: Role | None, findings: list[Finding], summary: CompressionSummary
-) -> tuple[list[str], list[int], list[str]]:
-    if winner is None:
-        return [], [], []
-    if role == Role.SYMPTOM:
-        ranks = _silent_or_lagging_ranks(findings, summary)
-        hosts = sorted({summary.rank_hosts[r] for r in ranks if r in summary.rank_hosts})
-        return hosts, ranks, []
-    hit = winner.hit
-    rank, host, gpu = hit.rank, hit.host, hit.gpu
-    if host is None and rank is not None:
-        host = summary.rank_hosts.get(rank)
-    if rank is None and host is None:
-        host, rank = _named_nearby(winner, findings)
-    if rank is None and host is not None:
-        rank = _rank_on_host(host, gpu, winner.event, summary)
-    ranks = set(winner.ranks) | ({rank} if rank is not None else set())
-    if host is not None and hit.label.failure_type in _WHOLE_NODE_FAILURES:
-        ranks |= {r for r, h in summary.rank_hosts.items() if h == host}
-    if 1 < summary.world_size <= len(ranks):
-        # Every rank failed alike (a bug, a bad config): nobody is singled out.
-        return [], [], ([gpu] if gpu else [])
-    hosts = set(winner.hosts) | ({host} if host else set())
-    hosts |= {summary.rank_hosts[r] for r in ranks if r in summary.rank_hosts}
-    return sorted(hosts), sorted(ranks), ([gpu] if gpu else [])
-
-
-def _named_nearby(winner: Finding, findings: list[Finding]) -> tuple[str | None, int | None]:
-    """A root line that names nobody ("Detected 1 oom_kill event in StepId=...") is usually
-    flanked by a launcher line that does ("srun: error: node-14: task 10: Killed"). Between them
-    may stand a few dozen lines of other ranks, some of them victims that say who *they* are."""
-    line_no = winner.event.line_no
-    near = [
-        f for f in findings
-        if f is not winner and abs(f.event.line_no - line_no) <= _NEARBY_LINES and _names_the_failed(f)
-    ]
-    if not near:
-        return None, None
-    f = min(near, key=lambda f: (f.event.kind not in _LAUNCHER_KINDS, abs(f.event.line_no - line_no)))
-    return f.hit.host, f.hit.rank
-
-
-def _names_the_failed(f: Finding) -> bool:
-    """Whether a finding's host/rank is the failed process's: a launcher reporting a child's exit,
-    a rule that names it in the message, or a cause raised by the process itself (not a victim's
-    timeout or closed connection, whose prefix names the victim)."""
-    if f.hit.groups.get("host") or f.hit.groups.get("rank"):
-        return True
-    if f.event.kind in _LAUNCHER_KINDS or f.hit.role != Role.SYMPTOM:
-        return f.hit.host is not None or f.hit.rank is not None
-    return False
-
-
-def _rank_on_host(host: str, gpu: str | None, event: Event, summary: CompressionSummary) -> int | None:
-    """The rank behind a kernel or NCCL line that names only its host, GPU, process or device."""
-    keys = []
-    if gpu:
-        keys.append(f"{host}|bus:{pci_key(gpu)}")
-    pid = event.attrs.get("pid") or event.anchor.pid
-    if pid is not None:
-        keys.append(f"{host}|pid:{pid}")
-    if event.anchor.local_rank is not None:
-        keys.append(f"{host}|dev:{event.anchor.local_rank}")
-    for key in keys:
-        if key in summary.gpu_ranks:
-            return summary.gpu_ranks[key]
-    return None
+def _trained_past(event: Event, summary: CompressionSummary) -> bool:
+    """The process that printed this made progress afterwards. Only a process the log tells apart
+    (by rank or host) counts at once: in an unprefixed log every process shares one stream, and one
+    rank's crash is followed by the others' last steps."""
+    if event.anchor.source_key == "-":
+        return _kept_training_after(event, summary)
+    return _kept_training_after(event, summary, any_progress=True)
 
 
 def _hint(winner: Finding | None, rules: RuleSet, hosts: list[str], ranks: list[int], gpus: list[str]) -> str:
@@ -317,34 +289,6 @@ def _hint(winner: Finding | None, rules: RuleSet, hosts: list[str], ranks: list[
         if values and not groups.get(key):
             groups[key] = ", ".join(map(str, values[:4]))
     return render_hint(rule.hint, groups, winner.hit.line, winner.event)
-
-
-def _silent_or_lagging_ranks(findings: list[Finding], summary: CompressionSummary) -> list[int]:
-    symptoms = [f for f in findings if f.hit.role == Role.SYMPTOM]
-    reporting: set[int] = set()
-    seq_by_rank: dict[int, int] = {}
-    for f in symptoms:
-        reporting |= f.ranks
-        seq_by_rank.update(f.seq_by_rank)
-    lagging = _lagging(seq_by_rank)
-    if lagging:
-        return lagging
-    world = summary.world_size
-    if world <= 1 or not reporting:
-        return []
-    silent = sorted(set(range(world)) - reporting)
-    # Only a few silent ranks point at a culprit; half the job silent says nothing.
-    return silent if 0 < len(silent) <= max(1, world // 8) else []
-
-
-def _lagging(seq_by_rank: dict[int, int]) -> list[int]:
-    if len(set(seq_by_rank.values())) < 2:
-        return []
-    low = min(seq_by_rank.values())
-    counts = Counter(seq_by_rank.values())
-    if counts[low] > len(seq_by_rank) // 2:
-        return []
-    return sorted(r for r, s in seq_by_rank.items() if s == low)
 
 
 # -- vote, context, words -----------------------------------------------------------------------------
@@ -406,6 +350,7 @@ def failure_context(root: Record | None, winner: Finding | None, templates: Sequ
         templates=near,
         excerpt=excerpt,
         exception_type=event.exception_type if event else None,
+        root_message=root.text if root else "",
     )
 
 
@@ -416,8 +361,11 @@ def _nearby_error_templates(templates: Sequence[TemplateStats], line_no: int | N
     return [t.template for t in errors[:limit]]
 
 
-def _first_anchor(events: list[Event]) -> Record | None:
-    return events[0].anchor if events else None
+def likeliest_unexplained(events: Sequence[Event]) -> Record | None:
+    """With no rule to go by: the last exception raised, else the last error line before the end."""
+    raised = [e for e in events if e.exception_type]
+    pool = raised or [e for e in events if e.kind not in ("stall", "loss_spike")] or list(events)
+    return pool[-1].anchor if pool else None
 
 
 def _explain(
@@ -443,6 +391,22 @@ def _explain(
     return text + "."
 
 
+def _raised_where(winner: Finding | None, rules: RuleSet) -> str:
+    """For an exception: what it said, and where in the user's own code it was raised (the file
+    and line to open), or which library raised it."""
+    if winner is None or not winner.event.exception_type:
+        return ""
+    ev = winner.event
+    said = f" {ev.exception_type}: {_clip(ev.exception_message or '', 160)}".rstrip(": ")
+    info = locate(ev, rules.origin)
+    if info.where == "user" and info.path:
+        at = f"{info.path}:{info.line}" if info.line else info.path
+        return f"{said} — raised in your code at {at}" + (f" ({info.function})." if info.function else ".")
+    if info.where == "library" and info.module:
+        return f"{said} — raised inside {info.module}."
+    return f"{said}."
+
+
 def _where(hosts: list[str], ranks: list[int], gpus: list[str]) -> str:
     parts = []
     if hosts:
@@ -452,10 +416,3 @@ def _where(hosts: list[str], ranks: list[int], gpus: list[str]) -> str:
     if gpus:
         parts.append("GPU " + ", ".join(gpus[:4]))
     return " ".join(parts[:1]) + (f" ({', '.join(parts[1:])})" if len(parts) > 1 else "")
-
-
-def _int_or_none(value: object) -> int | None:
-    try:
-        return int(str(value))
-    except (TypeError, ValueError):
-        return None

@@ -13,9 +13,11 @@ from logdx.synth.generate import SCENARIOS, Truth, generate
 from logdx.synth.styles import STYLES
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """The options; `add_help=False` when `logdx synth` adopts them as a subcommand's parent."""
     parser = argparse.ArgumentParser(
-        prog="logdx synth", description="Write a realistic, deterministic log of a multi-rank training job.")
+        prog="logdx synth", description="Write a realistic, deterministic log of a multi-rank training job.",
+        add_help=add_help)
     parser.add_argument("--scenario", default="xid79", choices=sorted(SCENARIOS), metavar="NAME",
                         help="failure scenario (--list shows them); default xid79")
     parser.add_argument("--seed", type=int, default=0)
@@ -34,7 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     if args.list:
         width = max(map(len, SCENARIOS))
         for name, description in SCENARIOS.items():

@@ -1,0 +1,108 @@
+"""Kubernetes: cordon = PATCH the Node's `spec.unschedulable: true` (what `kubectl cordon` does),
+with an annotation saying why; with `actions.kube_taint`, also the taint
+`logdx.io/failure=<failure_type>:NoSchedule`; uncordon undoes all three. The API server is
+`actions.kube_api` with `actions.kube_token` when set, else the in-cluster service account, else
+`~/.kube/config`. Node names reach the API path only as validated `NodeName`s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from logdx.act.actuators.base import NodeName, require_node
+from logdx.act.report import Report
+from logdx.config import ActionsSettings
+
+TAINT_KEY = "logdx.io/failure"
+ANNOTATION_KEY = "logdx.io/cordon-reason"
+KUBE_TIMEOUT_S = 30.0
+
+
+class KubernetesActuator:
+    name = "kubernetes"
+
+    def __init__(self, settings: ActionsSettings) -> None:
+        self.settings = settings
+        self._api: Any = None  # kubernetes.client.CoreV1Api, built on first use
+
+    def describe(self, node: NodeName, job_id: str, report: Report) -> str:
+        what = f"PATCH node {node}: spec.unschedulable=true"
+        if self.settings.kube_taint:
+            what += f", taint {TAINT_KEY}={report.failure_type}:NoSchedule"
+        return what
+
+    def _core_api(self) -> Any:
+        if self._api is None:
+            from kubernetes import client, config
+
+            s = self.settings
+            if s.kube_api:
+                cfg = client.Configuration()
+                cfg.host = s.kube_api.rstrip("/")
+                if s.kube_token:
+                    cfg.api_key = {"BearerToken": s.kube_token}
+                    cfg.api_key_prefix = {"BearerToken": "Bearer"}
+                api_client = client.ApiClient(cfg)
+            else:
+                try:
+                    config.load_incluster_config()
+                except config.ConfigException:
+                    config.load_kube_config()
+                api_client = client.ApiClient()
+            self._api = client.CoreV1Api(api_client)
+        return self._api
+
+    def cordon(self, node: NodeName, job_id: str, report: Report) -> str:
+        failure = report.failure_type or "unknown"
+        taint = self.settings.kube_taint
+
+        def patch_of(current: Any) -> dict[str, Any]:
+            patch: dict[str, Any] = {
+                "metadata": {"annotations": {ANNOTATION_KEY: f"logdx: {failure} in job {job_id}"[:250]}},
+                "spec": {"unschedulable": True},
+            }
+            if taint:
+                taints = _other_taints(current)
+                taints.append({"key": TAINT_KEY, "value": failure, "effect": "NoSchedule"})
+                patch["spec"]["taints"] = taints
+            return patch
+
+        self._patch(require_node(node), patch_of)
+        return f"patched node {node}: unschedulable" + (f", taint {TAINT_KEY}={failure}:NoSchedule" if taint else "")
+
+    def describe_uncordon(self, node: NodeName) -> str:
+        return f"PATCH node {node}: spec.unschedulable=false, without logdx's taint and annotation"
+
+    def uncordon(self, node: NodeName) -> str:
+        def patch_of(current: Any) -> dict[str, Any]:
+            return {"metadata": {"annotations": {ANNOTATION_KEY: None}},
+                    "spec": {"unschedulable": False, "taints": _other_taints(current)}}
+
+        self._patch(require_node(node), patch_of)
+        return f"patched node {node}: schedulable"
+
+    def _patch(self, node: NodeName, patch_of: Any) -> None:
+        """Read the node, PATCH what `patch_of(node)` says, guarded by its resourceVersion (a node
+        that changed under us is read again, twice at most)."""
+        from kubernetes.client.exceptions import ApiException
+
+        api = self._core_api()
+        for attempt in range(3):
+            current = api.read_node(node, _request_timeout=KUBE_TIMEOUT_S)  # 404: no such node
+            patch = patch_of(current)
+            patch["metadata"]["resourceVersion"] = current.metadata.resource_version
+            try:
+                api.patch_node(node, patch, _content_type="application/merge-patch+json",
+                               _request_timeout=KUBE_TIMEOUT_S)
+                return
+            except ApiException as e:
+                if e.status == 409 and attempt < 2:  # the node changed under us: read it again
+                    continue
+                raise
+        raise RuntimeError("conflict patching node")  # pragma: no cover - the loop returns or raises
+
+
+def _other_taints(current: Any) -> list[dict[str, Any]]:
+    """The node's taints other than logdx's own, as plain dicts."""
+    own = (current.spec.taints or []) if current.spec else []
+    taints = [t.to_dict() for t in own if t.key != TAINT_KEY]
+    return [{k: v for k, v in t.items() if v is not None} for t in taints]

@@ -1,0 +1,47 @@
+"""Slurm: `scontrol update NodeName=<node> State=DRAIN Reason="logdx: <failure_type> <job>"` to
+cordon, `State=RESUME` to uncordon (`actions.scontrol` names the executable). The argv is built
+from one validated `NodeName`, never from a range or a list, and run without a shell."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+
+from logdx.act.actuators.base import NodeName, require_node
+from logdx.act.report import Report
+from logdx.config import ActionsSettings
+
+COMMAND_TIMEOUT_S = 60.0
+
+
+class SlurmActuator:
+    name = "slurm"
+
+    def __init__(self, settings: ActionsSettings) -> None:
+        self.scontrol = settings.scontrol
+
+    def argv(self, node: NodeName, job_id: str, report: Report) -> list[str]:
+        reason = f"logdx: {report.failure_type or 'unknown'} {job_id}"
+        return [self.scontrol, "update", f"NodeName={require_node(node)}", "State=DRAIN", f"Reason={reason}"]
+
+    def resume_argv(self, node: NodeName) -> list[str]:
+        return [self.scontrol, "update", f"NodeName={require_node(node)}", "State=RESUME"]
+
+    def describe(self, node: NodeName, job_id: str, report: Report) -> str:
+        return "run: " + shlex.join(self.argv(node, job_id, report))
+
+    def cordon(self, node: NodeName, job_id: str, report: Report) -> str:
+        return _run(self.argv(node, job_id, report))
+
+    def describe_uncordon(self, node: NodeName) -> str:
+        return "run: " + shlex.join(self.resume_argv(node))
+
+    def uncordon(self, node: NodeName) -> str:
+        return _run(self.resume_argv(node))
+
+
+def _run(argv: list[str]) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[:500]}")
+    return "ran: " + shlex.join(argv)

@@ -1,0 +1,62 @@
+"""What an alert destination is. A new kind (PagerDuty, Teams...) is one module beside `slack.py`
+that implements `Destination`, a list in `AlertsSettings` (`logdx/config.py`), and one line in
+`destinations.py`; the outbox (`outbox.py`) queues, retries and dedupes for every kind alike."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from logdx.act.report import Report
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """What one message says: a job's diagnosis, what logdx recommends and what it actually did
+    (executed, dry run, refused by which limit); or, with `resolved`, that the failure is over."""
+
+    job_id: str
+    report: Report
+    done: tuple[str, ...] = ()  # what logdx did about it, one sentence each
+    resolved: str = ""  # a follow-up: why the failure is over (the job succeeded, the node is back)
+
+    @property
+    def kind(self) -> str:
+        return "resolved" if self.resolved else "diagnosis"
+
+
+class Destination(Protocol):
+    """Where alerts about one diagnosis go. Only the settings name destinations, never a request."""
+
+    kind: str  # "slack" | "webhook": the outbox's `kind` column and the metrics label
+    url: str  # a credential for some kinds (Slack): never stored, looked up in the settings at send time
+    key: str  # a stable fingerprint of kind and URL (see `dest_key`): what the outbox stores
+    label: str  # recognisable and redacted, for humans
+
+    def body(self, alert: Alert, report_url: str | None, now: float) -> bytes:
+        """The request body, built once when the alert is queued."""
+        ...
+
+    def headers(self, msg_id: str, body: bytes) -> dict[str, str]:
+        """Headers of one delivery attempt (`msg_id` is stable across retries)."""
+        ...
+
+
+def dest_key(kind: str, url: str) -> str:
+    return hashlib.sha256(f"{kind}\n{url}".encode()).hexdigest()[:16]
+
+
+def redact_origin(url: str) -> str:
+    """Enough of a URL to recognise it, without its credentials (path tokens, query, user info)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or ''}{':' + str(parts.port) if parts.port else ''}"
+
+
+def report_url(public_url: str, report: Report) -> str | None:
+    return f"{public_url.rstrip('/')}/v1/reports/{report.id}" if public_url else None
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,107 @@
+"""Generic JSON webhooks signed per the Standard Webhooks specification
+(https://www.standardwebhooks.com): headers `webhook-id` (stable across retries: the receiver's
+idempotency key), `webhook-timestamp` (the attempt's time, unix seconds) and
+`webhook-signature: v1,<base64 HMAC-SHA256>` of `"{webhook-id}.{webhook-timestamp}.{body}"`, keyed
+by the secret `whsec_<base64 key>`. `verify()` is the receiver's side, for tests and for users'
+own receivers."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from urllib.parse import urlsplit
+
+from logdx.act.alerts.base import Alert, dest_key, redact_origin
+from logdx.act.render import recommended_action
+
+EVENT_TYPE = "logdx.diagnosis"
+RESOLVED_TYPE = "logdx.resolved"
+_SECRET_PREFIX = "whsec_"
+
+
+def _secret_key(secret: str) -> bytes:
+    """The HMAC key of a `whsec_<base64>` secret (a secret that is not base64 is used as bytes)."""
+    raw = secret[len(_SECRET_PREFIX):] if secret.startswith(_SECRET_PREFIX) else secret
+    try:
+        key = base64.b64decode(raw + "=" * (-len(raw) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        key = raw.encode()
+    if not key:
+        raise ValueError("webhook secret is empty")
+    return key
+
+
+def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
+    """The `webhook-signature` header value: `v1,<base64 HMAC-SHA256 of "{id}.{ts}.{body}">`."""
+    to_sign = f"{msg_id}.{int(timestamp)}.".encode() + body
+    digest = hmac.new(_secret_key(secret), to_sign, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode("ascii")
+
+
+def verify(secret: str, headers: Mapping[str, str], body: bytes, tolerance_s: int = 300) -> bool:
+    """True when `headers` carry a valid, fresh Standard Webhooks signature of `body`.
+
+    Headers are matched case-insensitively; the signature header may list several space-separated
+    signatures (key rotation): one valid `v1` signature is enough. Stale or future timestamps
+    (beyond `tolerance_s`) are rejected, which is what stops replays."""
+    h = {k.lower(): v for k, v in headers.items()}
+    msg_id, ts, sigs = h.get("webhook-id"), h.get("webhook-timestamp"), h.get("webhook-signature")
+    if not (msg_id and ts and sigs):
+        return False
+    try:
+        timestamp = int(ts)
+    except ValueError:
+        return False
+    if abs(time.time() - timestamp) > tolerance_s:
+        return False
+    try:
+        expected = sign(secret, msg_id, timestamp, body).split(",", 1)[1].encode()
+    except ValueError:
+        return False
+    for versioned in sigs.split(" "):
+        version, _, sig = versioned.partition(",")
+        if version == "v1" and hmac.compare_digest(sig.encode(), expected):
+            return True
+    return False
+
+
+def webhook_payload(alert: Alert, report_url: str | None, now: float | None = None) -> dict:
+    """The generic webhook body (Standard Webhooks' `type`/`timestamp`/`data` shape): the report, the
+    recommended action and what was done; or (`logdx.resolved`) why the failure is over."""
+    ts = datetime.fromtimestamp(time.time() if now is None else now, tz=UTC)
+    data = {"job_id": alert.job_id, "report_url": report_url, "recommended": recommended_action(alert.report),
+            "done": list(alert.done), "report": alert.report.model_dump(mode="json")}
+    if alert.resolved:
+        data["resolved"] = alert.resolved
+    return {
+        "type": RESOLVED_TYPE if alert.resolved else EVENT_TYPE,
+        "timestamp": ts.isoformat().replace("+00:00", "Z"),
+        "data": data,
+    }
+
+
+class WebhookDestination:
+    kind = "webhook"
+
+    def __init__(self, url: str, secret: str = "", index: int = 0) -> None:
+        self.url = url
+        self.secret = secret
+        self.key = dest_key(self.kind, url)
+        self.label = f"webhook[{index}] {redact_origin(url)}{urlsplit(url).path}"
+
+    def body(self, alert: Alert, report_url: str | None, now: float) -> bytes:
+        payload = webhook_payload(alert, report_url, now)
+        return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def headers(self, msg_id: str, body: bytes) -> dict[str, str]:
+        ts = int(time.time())  # the attempt's time, for the receiver's replay check
+        headers = {"content-type": "application/json", "webhook-id": msg_id, "webhook-timestamp": str(ts)}
+        if self.secret:
+            headers["webhook-signature"] = sign(self.secret, msg_id, ts, body)
+        return headers

@@ -1,0 +1,58 @@
+"""Argv templates: commands logdx runs with values from a diagnosis, never through a shell.
+
+A string template is split into words the way a shell would (quotes group words) once, when it is
+read; then each `{name}` placeholder is filled inside its word. Whatever a value holds (spaces,
+quotes, `$(...)`) it stays inside that one argument: nothing parses it again. A list is taken word
+for word. A placeholder inside a shell's `-c` script text is refused, since that shell would parse
+the value as code: pass values as the script's arguments (`sh -c '... "$1" ...' sh {job_id}`).
+
+Standard library only: `logdx.config` checks templates with it when the settings are read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+
+__all__ = ["HEALTH_CHECK_PLACEHOLDERS", "RESTART_PLACEHOLDERS", "TemplateError", "fill_argv", "parse_template"]
+
+# What `actions.restart_command` and `actions.health_check_command` may say.
+RESTART_PLACEHOLDERS = ("job_id", "report_id", "category", "failure_type", "action", "hosts", "node", "confidence")
+HEALTH_CHECK_PLACEHOLDERS = ("node",)
+
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash", "busybox"})
+_ANY_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+
+
+class TemplateError(ValueError):
+    """An argv template that cannot be used safely; the message says why."""
+
+
+def parse_template(template: str | Sequence[str], placeholders: Sequence[str]) -> list[str]:
+    """The words of an argv template, checked: not empty, and no placeholder inside a shell's `-c`
+    script (the shell would parse the value as code)."""
+    try:
+        words = shlex.split(template) if isinstance(template, str) else [str(w) for w in template]
+    except ValueError as e:
+        raise TemplateError(f"cannot split {template!r}: {e}") from None
+    if not words:
+        raise TemplateError("empty command")
+    pattern = re.compile(r"\{(" + "|".join(map(re.escape, placeholders)) + r")\}")
+    if os.path.basename(words[0]) in _SHELLS and "-c" in words:
+        at = words.index("-c") + 1
+        if at < len(words) and pattern.search(words[at]):
+            raise TemplateError(
+                f"{words[0]} -c script text holds a placeholder: its value would be parsed by the shell; "
+                "pass it as an argument instead (sh -c '... \"$1\" ...' sh {job_id}) or call a script")
+    return words
+
+
+def fill_argv(words: Sequence[str], values: Mapping[str, str]) -> list[str]:
+    """Each word with its `{name}` placeholders (names in `values`) replaced by the values, as is
+    (no quoting is needed: no shell reads them). Other braces (`awk '{print $1}'`) are left alone."""
+    def sub(m: re.Match[str]) -> str:
+        return values[m.group(1)] if m.group(1) in values else m.group(0)
+
+    return [_ANY_PLACEHOLDER.sub(sub, w) if "{" in w else w for w in words]

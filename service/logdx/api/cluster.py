@@ -1,0 +1,20 @@
+"""`GET /v1/cluster`: the replicas, the partitions of the line bus, their owners and lag."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+
+from logdx.api.deps import ServicesDep, require_token
+
+cluster_router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], tags=["cluster"])
+
+
+@cluster_router.get("/cluster", summary="Replicas, partitions, owners and lag (one replica without a bus)")
+async def get_cluster(services: ServicesDep) -> dict[str, Any]:
+    cluster = services.cluster
+    if cluster is None:
+        return {"replica": "local", "role": "all", "bus": None, "replicas": [], "partitions": [],
+                "note": "one process: no line bus configured (bus.url)"}
+    return await services.run(cluster.cluster)

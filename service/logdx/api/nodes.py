@@ -1,0 +1,154 @@
+"""Nodes and actions: what logdx knows about the cluster's nodes, and the safety switches.
+
+- `GET /v1/nodes`: every node seen in job logs, most recently blamed first: state (ok | cordoned),
+  how many events, by which jobs (`blamed_by_several_jobs`), the latest events.
+- `GET /v1/nodes/{node}`, `POST /v1/nodes/{node}/uncordon` (a person's all-clear, audited).
+- `GET /v1/actions`: dry run or not, the actuator, the circuit breaker, the budget used, the audit.
+- `POST /v1/actions/reset`: close the circuit breaker (a person, audited).
+
+The same as `logdx nodes` and `logdx actions` on the command line, over the same database.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from logdx.act.actuators import NodeName
+from logdx.api.deps import ServicesDep, require_token
+from logdx.api.errors import ApiError, ErrorBody
+
+__all__ = ["nodes_router"]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 401, 404, 422)}
+nodes_router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], responses=_ERRORS)
+
+NodeParam = Annotated[str, Path(max_length=253, description="one plain host name", examples=["gpu-node-07"])]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class UncordonRequest(_Body):
+    by: str = Field(min_length=1, max_length=200, description="who decided the node is healthy (audited)")
+    reason: str = Field("", max_length=2000)
+
+
+class ResetRequest(_Body):
+    by: str = Field(min_length=1, max_length=200, description="who resets the breaker (audited)")
+    note: str = Field("", max_length=2000)
+
+
+class BlameOut(BaseModel):
+    ts: float
+    job_id: str
+    failure_type: str
+    gpu: str
+    xid: int | None
+    report_id: str | None
+    text: str
+
+
+class NodeOut(BaseModel):
+    node: str
+    first_seen: float
+    last_seen: float
+    state: str = Field(description="ok | cordoned")
+    state_since: float | None
+    state_by: str | None
+    state_reason: str | None
+    events: int = Field(description="distinct events blamed on the node (repeats of one event count once)")
+    jobs: list[str] = Field(description="the jobs that blamed it, most recent first")
+    blamed_by_several_jobs: bool
+    failure_types: dict[str, int]
+    recent: list[BlameOut]
+
+
+class NodeList(BaseModel):
+    nodes: list[NodeOut]
+    count: int
+
+
+class ActionOut(BaseModel):
+    id: int
+    ts: float
+    job_id: str
+    node: str | None
+    action: str
+    actuator: str
+    dry_run: bool
+    outcome: str
+    detail: str
+    report_id: str | None = None
+    failure_type: str | None = None
+    action_key: str | None = None
+
+
+class BreakerOut(BaseModel):
+    state: str = Field(description="closed | open")
+    since: float | None
+    reason: str
+    by: str
+
+
+class ActionsOut(BaseModel):
+    dry_run: bool
+    actuator: str
+    breaker: BreakerOut
+    cordoned_in_window: list[str] = Field(description="nodes cordoned for real within actions.window_s")
+    max_cordons: int
+    window_s: float
+    known_nodes: int
+    breaker_max_share: float
+    cordoned_nodes: list[str] = Field(description="nodes logdx holds cordoned now")
+    audit: list[ActionOut] = Field(description="the latest audit rows, oldest first")
+
+
+def _node(name: str) -> NodeName:
+    try:
+        return NodeName(name)
+    except ValueError:
+        raise ApiError(400, "invalid_node", "a node is one plain host name (letters, digits, '-', '.')") from None
+
+
+@nodes_router.get("/nodes", response_model=NodeList, tags=["nodes"],
+                  summary="Nodes seen in job logs, what was blamed on them, which are cordoned")
+def list_nodes(services: ServicesDep, blamed_only: bool = False,
+               limit: Annotated[int, Query(ge=1, le=10_000)] = 500) -> dict[str, Any]:
+    nodes = services.responder.actions.nodes.list(blamed_only=blamed_only, limit=limit)
+    return {"nodes": [n.to_dict() for n in nodes], "count": len(nodes)}
+
+
+@nodes_router.get("/nodes/{node}", response_model=NodeOut, tags=["nodes"], summary="One node and its history")
+def get_node(node: NodeParam, services: ServicesDep) -> dict[str, Any]:
+    info = services.responder.actions.nodes.get(_node(node))
+    if info is None:
+        raise ApiError(404, "node_not_found", f"logdx has not seen node {node!r}")
+    return info.to_dict()
+
+
+@nodes_router.post("/nodes/{node}/uncordon", response_model=ActionOut, tags=["nodes"],
+                   summary="Put a node back into scheduling (a person's all-clear; audited)")
+def uncordon(node: NodeParam, body: UncordonRequest, services: ServicesDep) -> dict[str, Any]:
+    name = _node(node)
+    if services.responder.actions.nodes.get(name) is None:
+        raise ApiError(404, "node_not_found", f"logdx has not seen node {node!r}")
+    return services.responder.uncordon(name, body.by, body.reason).to_dict()
+
+
+@nodes_router.get("/actions", response_model=ActionsOut, tags=["actions"],
+                  summary="Dry run, breaker, budget, and the latest audited actions")
+def actions_status(services: ServicesDep, limit: Annotated[int, Query(ge=0, le=10_000)] = 100) -> dict[str, Any]:
+    actions = services.responder.actions
+    out = actions.status().to_dict()
+    out["audit"] = [r.to_dict() for r in actions.audit(limit=limit)] if limit else []
+    return out
+
+
+@nodes_router.post("/actions/reset", response_model=ActionOut, tags=["actions"],
+                   summary="Close the circuit breaker (a person decided the cluster is fine; audited)")
+def reset_breaker(body: ResetRequest, services: ServicesDep) -> dict[str, Any]:
+    return services.responder.actions.reset_breaker(body.by, body.note).to_dict()

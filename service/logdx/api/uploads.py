@@ -1,0 +1,398 @@
+"""The upload endpoints: a job's logs (`/v1/jobs/{id}/logs`), the routed ones that serve many jobs
+through one URL (OTLP/HTTP `/v1/logs`, Loki's `/loki/api/v1/push`), and the one-shot diagnosis.
+
+A body is read chunk by chunk (`request.stream()`); each chunk is decoded and parsed in a worker
+thread (`ingest.Upload`), its lines spooled per job as they arrive; when the body is complete, each
+job's part is committed: its lines applied, its END fsync'd, then the answer. A failed or dropped
+request applies nothing. Uploads are accepted while the engine is still loading: the lines are
+spooled and applied when it is ready.
+
+With a line bus (`bus.url`) the same calls of the job manager publish the pieces and the commit to
+NATS JetStream instead of the spool file, and the answer waits for JetStream's acknowledgement
+(`jobs_cluster.ClusterJobManager`); the job's owner, maybe another replica, applies them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, TypeVar
+
+import anyio
+from fastapi import APIRouter, Depends, Query, Request, Response
+from starlette.requests import ClientDisconnect
+
+from logdx.act.report import Report
+from logdx.api import schemas
+from logdx.api.deps import EngineDep, JobId, ServicesDep, require_token, retry_after
+from logdx.api.errors import ApiError, ErrorBody
+from logdx.api.ingest import CpuBudget, Upload, make_decoder, open_parser, request_meta, runs_by_job
+from logdx.api.jobs import IngestRequest, Job
+from logdx.api.services import Services
+from logdx.formats import Batch, Format
+from logdx.formats.loki import LOKI_PROTOBUF
+from logdx.formats.otlp import response as otlp_response
+
+T = TypeVar("T")
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 415, 422, 429, 503)
+}
+_DRAIN_BYTES = 4 << 20  # after a mid-stream error, read this much more so the client sees the answer
+_DRAIN_SECONDS = 2.0
+FormatName = Literal["auto", "text", "json", "ndjson", "msgpack", "otlp", "otlp-json", "loki", "loki-json"]
+
+uploads = APIRouter(dependencies=[Depends(require_token)], responses=_ERRORS)
+
+
+# --- one request, many jobs ----------------------------------------------------------------------
+
+
+@dataclass
+class Received:
+    """What a request did: its parts per job (committed or not), what it refused, how it ended."""
+
+    parts: dict[str, tuple[Job, IngestRequest]] = field(default_factory=dict)
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failure: ApiError | None = None
+    disconnected: bool = False
+
+    @property
+    def applied(self) -> int:
+        return sum(req.applied for _, req in self.parts.values())
+
+
+class Receiver:
+    """Reads one upload's body into per-job parts, then commits them."""
+
+    def __init__(self, request: Request, services: Services, upload: Upload, key: str | None) -> None:
+        self.request = request
+        self.services = services
+        self.upload = upload
+        self.key = key
+        self.limit = services.settings.server.max_request_bytes
+        self.out = Received()
+
+    async def open_part(self, job_id: str) -> tuple[Job, IngestRequest]:
+        """A job's part of this request: the job must be open, under its rate limit, and not already
+        have this Idempotency-Key in flight."""
+        part = self.out.parts.get(job_id)
+        if part is not None:
+            return part
+        services, jobs = self.services, self.services.jobs
+        job = await services.run(jobs.get_or_create, job_id)
+        await services.run(jobs.check_open, job)
+        wait = job.bucket.wait_s()
+        if wait > 0:
+            services.metrics.rejected.labels("rate_limited").inc()
+            raise ApiError(429, "rate_limited",
+                           f"job {job_id} is over its rate limit "
+                           f"({services.settings.server.rate_limit_lines_per_s:g} lines/s)",
+                           headers=retry_after(wait), retry_after_s=round(wait, 2))
+        if self.key is not None:
+            if self.key in job.inflight_keys:
+                raise ApiError(409, "request_in_progress", "a request with this Idempotency-Key is still being received")
+            job.inflight_keys.add(self.key)
+        req = IngestRequest(self.upload.fmt, self.key)
+        job.active += 1
+        self.out.parts[job_id] = (job, req)
+        return job, req
+
+    async def receive(self) -> Received:
+        try:
+            try:
+                received = 0
+                async for chunk in self.request.stream():
+                    if not chunk:
+                        continue
+                    received += len(chunk)
+                    self.services.metrics.bytes.labels(self.upload.fmt).inc(len(chunk))
+                    if received > self.limit:
+                        raise _too_large(self.limit)
+                    await self._chunk(chunk)
+                await self._chunk(None)
+                await self._spool(await self.services.run(self.upload.finish), 0)
+            except ApiError as e:
+                self.out.failure = e
+            except ClientDisconnect:
+                self.out.disconnected = True
+            except Exception:
+                await self._commit(ok=False)  # a bug: close the parts (nothing applied), then a 500
+                raise
+            await self._commit(ok=self.out.failure is None and not self.out.disconnected)
+        finally:
+            self._release()
+        return self.out
+
+    async def _chunk(self, chunk: bytes | None) -> None:
+        """Decode, parse and spool a received chunk one piece at a time."""
+        self.upload.begin(chunk)
+        raw = len(chunk) if chunk is not None else 0
+        while (batch := await self.services.run(self.upload.step)) is not None:
+            await self._spool(batch, raw)
+            raw = 0
+
+    async def _spool(self, batch: Batch, raw: int) -> None:
+        by_job = runs_by_job(batch, self.upload.refused)
+        for job_id, runs in by_job.items():
+            job, req = await self.open_part(job_id)
+            lines = sum(len(chunk) for _, chunk in runs)
+            await self.services.run_locked(job, self._charged(self.services.jobs.spool_runs), job, req, runs, lines)
+        for _, req in self.out.parts.values():
+            req.raw_bytes += raw if len(self.out.parts) == 1 else 0
+
+    def _charged(self, fn: Callable[..., T]) -> Callable[..., T]:
+        budget = self.upload.budget
+
+        def run(*args: Any) -> T:
+            budget.start()
+            try:
+                return fn(*args)
+            finally:
+                budget.charge()
+
+        return run
+
+    async def _commit(self, ok: bool) -> None:
+        jobs = self.services.jobs
+        for job_id in sorted(self.out.parts):
+            job, req = self.out.parts[job_id]
+            self.out.results[job_id] = await self.services.run_locked(
+                job, self._charged(jobs.finish_request), job, req, ok, self.upload.budget)
+
+    def _release(self) -> None:
+        for job, _ in self.out.parts.values():
+            job.active -= 1
+            if self.key is not None:
+                job.inflight_keys.discard(self.key)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, "request_too_large", f"the body is larger than server.max_request_bytes ({limit})")
+
+
+def _idempotency_key(request: Request) -> str | None:
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return None
+    key = key.strip()
+    if not (0 < len(key) <= 200) or not key.isprintable():
+        raise ApiError(400, "bad_header", "Idempotency-Key must be 1..200 printable characters")
+    return key
+
+
+def _open_upload(request: Request, services: Services, job: str | None, fmt: str | None,
+                 protobuf: Format | None = None) -> Upload:
+    """What a log upload's headers say: its format and parser, the source its lines share, its
+    decoder. A declared length over the limit is refused before any of the body is read."""
+    settings = services.settings
+    limit = settings.server.max_request_bytes
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise _too_large(limit)
+    meta = request_meta(settings, request.headers, job)
+    name, parser = open_parser(meta, request.headers.get("content-type"), fmt, protobuf)
+    decoder = make_decoder(settings, request.headers.get("content-encoding"))
+    return Upload(name, decoder, parser, CpuBudget(settings.server.max_request_cpu_s))
+
+
+async def _drain(request: Request) -> None:
+    """Read (and drop) what is left of the body, within bounds, so an HTTP/1.1 client that is
+    still sending gets to read the error instead of a reset connection."""
+    received = 0
+    with anyio.move_on_after(_DRAIN_SECONDS):
+        try:
+            async for chunk in request.stream():
+                received += len(chunk)
+                if received > _DRAIN_BYTES:
+                    return
+        except (ClientDisconnect, RuntimeError):
+            return
+
+
+async def _settle(request: Request, services: Services, upload: Upload, out: Received) -> None:
+    """Count what was refused; raise the request's failure (or a cut: CPU) as its answer."""
+    for reason, n in upload.refused.items():
+        services.metrics.rejected.labels(reason).inc(n)
+    if out.disconnected:
+        services.metrics.rejected.labels("client_disconnected").inc()
+        return
+    cut = next((req.cut for _, req in out.parts.values() if req.cut), None)
+    failure = out.failure or (upload.budget.error(out.applied) if cut == "cpu_limit" else None)
+    if failure is not None:
+        services.metrics.rejected.labels(failure.code).inc()
+        failure.details.setdefault("accepted_lines", out.applied)
+        await _drain(request)
+        raise failure
+    refused = sum(upload.refused.values())
+    if out.applied == 0 and refused and not any(req.duplicate for _, req in out.parts.values()):
+        raise ApiError(422, "nothing_usable", _refusal_text(upload.refused), refused=upload.refused,
+                       accepted_lines=0)
+
+
+def _refusal_text(refused: dict[str, int]) -> str:
+    why = {"no_job": "name no job (URL, X-Logdx-Job, or a job field/label/attribute)",
+           "bad_job_id": "name an invalid job id", "no_message": "have no message field",
+           "malformed": "are not log entries"}
+    parts = [f"{n} {why.get(reason, reason)}" for reason, n in sorted(refused.items())]
+    return "no line of the body could be used: records that " + "; ".join(parts)
+
+
+# --- a job's logs ----------------------------------------------------------------------------------
+
+_UPLOAD_DESCRIPTION = """\
+The body is streamed (chunked transfer encoding welcome) and spooled as it arrives; its lines are
+applied when it is complete (a dropped request applies nothing; with the same `Idempotency-Key`, a
+retry counts once).
+
+- `text/plain` (or no Content-Type): log lines; `X-Logdx-Rank`, `X-Logdx-Host`, `X-Logdx-Stream`
+  describe every line of the request; CRI container log lines are unwrapped.
+- `application/json`, `application/x-ndjson`: JSON records, one per line, concatenated or in one array
+  (Fluent Bit, Vector, journald, GELF, ECS, Docker json-file); an OTLP JSON or Loki JSON body is
+  recognised by its first key.
+- `application/msgpack`: Fluent Bit's default format.
+- `application/x-protobuf`: OTLP logs.
+- `Content-Encoding: gzip` (or a gzip body recognised by its magic bytes).
+
+Lines are durable (spooled and fsync'd) before the 2xx. A 4xx after part of the body was read
+applies none of it (`error.accepted_lines` is 0), except a CPU cut (429 `cpu_limit`), which says how
+many lines were applied.
+"""
+_BODIES = {"requestBody": {"content": {
+    "text/plain": {"schema": {"type": "string"}},
+    "application/x-ndjson": {"schema": {"type": "string"}},
+    "application/json": {"schema": {"type": "array", "items": {"type": "object"}}},
+    "application/msgpack": {"schema": {"type": "string", "format": "binary"}},
+    "application/x-protobuf": {"schema": {"type": "string", "format": "binary"}},
+}}}
+
+
+@uploads.post("/v1/jobs/{job_id}/logs", response_model=schemas.IngestResponse, tags=["jobs"],
+              summary="Stream a job's log lines", description=_UPLOAD_DESCRIPTION, openapi_extra=_BODIES)
+async def post_logs(
+    request: Request,
+    job_id: JobId,
+    services: ServicesDep,
+    fmt: Annotated[FormatName | None, Query(alias="format", description="override Content-Type")] = None,
+) -> dict[str, Any]:
+    upload = _open_upload(request, services, job_id, fmt)
+    key = _idempotency_key(request)
+    receiver = Receiver(request, services, upload, key)
+    job, _ = await receiver.open_part(job_id)
+    if key is not None:
+        job.inflight_keys.discard(key)  # the duplicate check below must not see this request itself
+        try:
+            previous = await services.run_locked(job, services.jobs.duplicate_of, job, key)
+        except ApiError:
+            receiver._release()
+            raise
+        job.inflight_keys.add(key)
+        if previous is not None:
+            receiver._release()
+            await _drain(request)
+            return {"job_id": job_id, **previous, "duplicate": True}
+    out = await receiver.receive()
+    await _settle(request, services, upload, out)
+    result = out.results.get(job_id) or {}
+    return {"job_id": job_id, **result, "skipped_records": sum(upload.refused.values()),
+            "refused": upload.refused}
+
+
+# --- routed: many jobs through one URL -------------------------------------------------------------
+
+
+def _routed_answer(upload: Upload, out: Received) -> dict[str, Any]:
+    return {
+        "accepted_lines": out.applied,
+        "skipped_records": sum(upload.refused.values()),
+        "refused": upload.refused,
+        "jobs": {job_id: result.get("accepted_lines", 0) for job_id, result in out.results.items()},
+    }
+
+
+@uploads.post("/v1/logs", tags=["shippers"], summary="OpenTelemetry logs (OTLP/HTTP), or any format routed by job",
+              response_model=schemas.RoutedIngestResponse, openapi_extra=_BODIES,
+              description="OTLP/HTTP logs, protobuf or JSON: each record's job comes from `X-Logdx-Job`, else "
+                          "its resource or record attributes (`job.id`, `slurm.job.id`, `k8s.job.name`, ..., "
+                          "see `input.job_keys`). Answers an `ExportLogsServiceResponse` in the request's "
+                          "content type, with `partial_success` when records were refused. Other formats "
+                          "(text with `X-Logdx-Job`, JSON records, msgpack) are accepted too and answered in JSON.")
+async def post_otlp_logs(
+    request: Request,
+    services: ServicesDep,
+    fmt: Annotated[FormatName | None, Query(alias="format", description="override Content-Type")] = None,
+) -> Any:
+    upload = _open_upload(request, services, None, fmt)
+    out = await Receiver(request, services, upload, _idempotency_key(request)).receive()
+    await _settle(request, services, upload, out)
+    name = upload.format_name
+    if name in ("otlp", "otlp-json"):
+        refused = sum(upload.refused.values())
+        message = _refusal_text(upload.refused) if refused else ""
+        body, media = otlp_response(name == "otlp", refused, message)
+        return Response(body, media_type=media)
+    return _routed_answer(upload, out)
+
+
+@uploads.post("/loki/api/v1/push", tags=["shippers"], summary="Loki push (Promtail, Grafana Alloy, ...)",
+              status_code=204, response_class=Response, openapi_extra=_BODIES,
+              responses={200: {"model": schemas.RoutedIngestResponse,
+                               "description": "some entries were refused: the counts"}},
+              description="Loki's push API, JSON or snappy protobuf. The job comes from `X-Logdx-Job`, else "
+                          "a `job_id` label (any of `input.job_keys`); the host from `host`, `hostname` or "
+                          "`node`. Answers 204 as Loki does; 200 with counts when some entries were refused.")
+async def post_loki_push(request: Request, services: ServicesDep) -> Response:
+    upload = _open_upload(request, services, None, None, protobuf=LOKI_PROTOBUF)
+    out = await Receiver(request, services, upload, _idempotency_key(request)).receive()
+    await _settle(request, services, upload, out)
+    if upload.refused:
+        return Response(schemas.RoutedIngestResponse(**_routed_answer(upload, out)).model_dump_json(),
+                        media_type="application/json")
+    return Response(status_code=204)
+
+
+# --- one-shot ------------------------------------------------------------------------------------
+
+
+@uploads.post("/v1/diagnose", response_model=Report, tags=["reports"],
+              summary="One-shot: a whole log in (streamed), a report out", openapi_extra=_BODIES)
+async def diagnose(
+    request: Request,
+    services: ServicesDep,
+    engine: EngineDep,
+    exit_code: Annotated[int | None, Query(description="the job's exit code, if known")] = None,
+    fmt: Annotated[FormatName | None, Query(alias="format")] = None,
+) -> Report | Response:
+    upload = _open_upload(request, services, "oneshot", fmt)
+    session = engine.new_session()
+    received = 0
+    limit = services.settings.server.max_request_bytes
+
+    def feed(chunk: bytes | None) -> None:
+        for batch in upload.pieces(chunk):
+            upload.budget.start()
+            try:
+                session.feed_runs((source, lines) for _, source, lines in batch.runs)
+            finally:
+                upload.budget.charge()
+            if upload.budget.exceeded():
+                raise upload.budget.error(0)
+
+    try:
+        async for chunk in request.stream():
+            received += len(chunk)
+            services.metrics.bytes.labels(upload.fmt).inc(len(chunk))
+            if received > limit:
+                raise _too_large(limit)
+            await services.run(feed, chunk)
+        await services.run(feed, None)
+    except ApiError:
+        await _drain(request)
+        raise
+    except ClientDisconnect:
+        return Response(status_code=400)  # nobody is listening
+    services.metrics.lines.labels(upload.fmt).inc(session.lines)
+    report = await services.run(lambda: session.report(exit_code=exit_code, final=True))
+    await services.run(services.jobs.save_report, report, session.last_context)
+    services.metrics.reports.labels("oneshot", report.status, report.category or "none").inc()
+    services.metrics.stage.labels("diagnose").observe(report.timings_ms.get("diagnose", 0.0) / 1000)
+    return report

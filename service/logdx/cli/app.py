@@ -1,0 +1,92 @@
+"""The command lines: `logdx COMMAND ...`, and `diagnose` (its short form for one log).
+
+Exit codes: 0 a report was produced (whatever it says), 1 a check found problems, 2 bad usage or
+unreadable input (one line on stderr), 130 interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from logdx import __version__
+from logdx.api.server import add_serve_parser  # light: FastAPI loads only when serve runs
+from logdx.cli.diagnose import add_diagnose_args, add_diagnose_parser, cmd_diagnose
+from logdx.cli.incidents import add_incident_parsers
+from logdx.cli.nodes import add_node_parsers
+from logdx.cli.tools import add_tool_parsers
+from logdx.faces import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Parser, UsageError
+from logdx.run.cli import add_run_parser
+
+_DESCRIPTION = "Diagnose why a training job failed, from its logs."
+# What `diagnose X` reaches besides a log: the commands a user of `diagnose` needs.
+_DIAGNOSE_SUBCOMMANDS = frozenset({"incidents", "feedback", "rules"})
+
+
+def build_parser(prog: str = "logdx") -> argparse.ArgumentParser:
+    parser = Parser(prog=prog, description=_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"logdx {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
+    add_diagnose_parser(sub)
+    add_tool_parsers(sub, Parser)
+    add_incident_parsers(sub, Parser)
+    add_node_parsers(sub, Parser)
+    add_run_parser(sub)
+    add_serve_parser(sub)
+    return parser
+
+
+def build_diagnose_parser(prog: str = "diagnose") -> argparse.ArgumentParser:
+    """`diagnose LOG [options]`: the diagnose command as a program of its own."""
+    parser = Parser(prog=prog, description=_DESCRIPTION,
+                    epilog=f"also: {prog} incidents|feedback|rules ... (see logdx --help)")
+    parser.add_argument("--version", action="version", version=f"logdx {__version__}")
+    add_diagnose_args(parser)
+    parser.set_defaults(func=cmd_diagnose)
+    return parser
+
+
+def run_command(argv: Sequence[str], prog: str, build: Callable[[str], argparse.ArgumentParser]) -> int:
+    """Parse and run one command; every way it can end becomes an exit code and at most one line."""
+    try:
+        parser = build(prog)
+        args = parser.parse_args(list(argv))
+        func = getattr(args, "func", None)
+        if func is None:
+            parser.print_help()
+            return EXIT_USAGE
+        return int(func(args))
+    except UsageError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # e.g. piped into `head`: not an error
+        _silence_stdout()
+        return EXIT_OK
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush does not fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`logdx COMMAND ...`"""
+    return run_command(sys.argv[1:] if argv is None else argv, "logdx", build_parser)
+
+
+def diagnose_main(argv: Sequence[str] | None = None) -> int:
+    """`diagnose job.log` is `logdx diagnose job.log`; `diagnose incidents ...` etc. reach the others."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in _DIAGNOSE_SUBCOMMANDS:
+        return run_command(args, "diagnose", build_parser)
+    return run_command(args, "diagnose", build_diagnose_parser)

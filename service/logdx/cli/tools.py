@@ -1,0 +1,86 @@
+"""Maintenance commands: `logdx rules test`, `logdx prompts check`, `logdx model convert`,
+`logdx synth`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from logdx.faces import EXIT_FAILED, EXIT_OK, UsageError, add_config_arg, settings_from
+
+
+def add_tool_parsers(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:  # type: ignore[type-arg]
+    rules = sub.add_parser("rules", help="work with rule packs")
+    rules_sub = rules.add_subparsers(dest="rules_command", parser_class=parser_class, metavar="SUBCOMMAND",
+                                     required=True)
+    rt = rules_sub.add_parser("test", help="load all packs and check every rule against its examples")
+    rt.add_argument("dirs", nargs="*", type=Path, help="extra rule pack folders")
+    rt.set_defaults(func=cmd_rules_test)
+
+    md = sub.add_parser("model", help="the embedded LLM")
+    md_sub = md.add_subparsers(dest="model_command", parser_class=parser_class, metavar="SUBCOMMAND", required=True)
+    mc = md_sub.add_parser("convert", help="convert the packaged GGUF once into the cache (about a minute)")
+    mc.add_argument("dir", nargs="?", type=Path, help="target folder (default: llm.cache_dir/gemma3-270m)")
+    add_config_arg(mc)
+    mc.set_defaults(func=cmd_model_convert)
+
+    pr = sub.add_parser("prompts", help="the LLM prompt templates")
+    pr_sub = pr.add_subparsers(dest="prompts_command", parser_class=parser_class, metavar="SUBCOMMAND", required=True)
+    pc = pr_sub.add_parser("check", help="compile every template and render each with sample data; "
+                                         "errors name file and line")
+    pc.add_argument("dir", nargs="?", type=Path)
+    add_config_arg(pc)
+    pc.set_defaults(func=cmd_prompts_check)
+
+    from logdx.synth.cli import build_parser as synth_parser
+
+    sy = sub.add_parser("synth", parents=[synth_parser(add_help=False)], help="generate a realistic multi-rank "
+                        "training log", description="Write a realistic, deterministic log of a multi-rank training job.")
+    sy.set_defaults(func=cmd_synth)
+
+
+def cmd_rules_test(args: argparse.Namespace) -> int:
+    from logdx.diagnose.rules import RuleError, check_examples, default_rules_dir, load_rules
+
+    dirs = [default_rules_dir(), *args.dirs]
+    try:
+        ruleset = load_rules(dirs, verify=False)
+    except RuleError as e:
+        raise UsageError(str(e)) from None
+    problems = check_examples(ruleset)
+    for p in problems:
+        print(p)
+    verdict = "ok" if not problems else f"{len(problems)} problem(s)"
+    print(f"{len(ruleset.rules)} rules in {len(dirs)} folder(s): {verdict}")
+    return EXIT_OK if not problems else EXIT_FAILED
+
+
+def cmd_model_convert(args: argparse.Namespace) -> int:
+    from logdx.diagnose.llm import ensure_converted, model_dir
+
+    target = args.dir or model_dir(settings_from(args).llm)
+    info = ensure_converted(Path(target))
+    done = f"converted in {info.seconds:.1f} s" if info.converted else "already converted"
+    print(f"{info.cache_dir}: {done}")
+    return EXIT_OK
+
+
+def cmd_prompts_check(args: argparse.Namespace) -> int:
+    from logdx.diagnose.llm import PromptError, Prompts
+    from logdx.diagnose.llm.check import check_prompts
+
+    try:
+        prompts = Prompts(args.dir or settings_from(args).llm.prompts_dir)
+    except PromptError as e:
+        raise UsageError(str(e)) from None
+    problems = check_prompts(prompts)
+    for p in problems:
+        print(p)
+    print("prompts: ok" if not problems else f"prompts: {len(problems)} problem(s)")
+    return EXIT_OK if not problems else EXIT_FAILED
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from logdx.synth.cli import run
+
+    return run(args)

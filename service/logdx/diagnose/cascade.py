@@ -1,0 +1,237 @@
+"""Stage 4: diagnosis, a cascade.
+
+Rules are precise and explainable: when a precise rule names the root cause, it decides, and the
+models are not even loaded. Otherwise (a generic fallback, symptoms only, an error nobody wrote a
+rule for) the later stages fill in what the rules did not decide: the error catalog (which known
+message, raised where), retrieval over past incidents, and the local LLM, whose votes are fused.
+A stage that fails becomes a note in the report; the diagnosis carries on without it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from logdx.diagnose.culprit import blames_one_node
+from logdx.diagnose.fusion import FusionResult, FusionWeights, fuse, needs_arbiter
+from logdx.diagnose.rootcause import RulesOutcome, find_root_cause, likeliest_unexplained
+from logdx.diagnose.rules import RuleSet
+from logdx.model import (
+    Action,
+    Category,
+    CompressionSummary,
+    Diagnosis,
+    Event,
+    FailureContext,
+    Label,
+    Role,
+    StageVote,
+    TemplateStats,
+)
+from logdx.taxonomy import is_resubmit
+
+
+class Retrieval(Protocol):
+    def search(self, ctx: FailureContext, k: int = 5, exclude_ids: Sequence[str] = ()) -> StageVote: ...
+
+
+class LabelScorer(Protocol):
+    def score(
+        self, ctx: FailureContext, votes: Sequence[StageVote], *, exclude_ids: Sequence[str] = ()
+    ) -> StageVote: ...
+
+
+CatalogStage = Callable[[FailureContext], StageVote]
+
+
+@dataclass
+class Diagnoser:
+    """Rules first. When they do not decide (no precise root cause): the catalog, retrieval and
+    the LLM vote, and their votes are fused with the rules' tentative label. `llm_always` consults
+    the later stages even when a precise rule decided; they still cannot overturn it, only explain."""
+
+    rules: RuleSet
+    catalog: CatalogStage | None = None
+    retrieval: Retrieval | None = None
+    llm: LabelScorer | None = None
+    weights: FusionWeights = field(default_factory=FusionWeights)
+    llm_always: bool = False
+    exclude_incidents: Sequence[str] = field(default_factory=tuple)  # leave-one-out evaluation
+
+    def diagnose(
+        self,
+        events: Sequence[Event],
+        summary: CompressionSummary,
+        templates: Sequence[TemplateStats],
+        exit_code: int | None = None,
+    ) -> Diagnosis:
+        t0 = time.perf_counter()
+        outcome = find_root_cause(events, summary, templates, self.rules, exited_ok=exit_code == 0)
+        stage_ms = {"rules": _ms_since(t0)}
+        if not exit_code and not any(t.template.strip() for t in templates):
+            return Diagnosis(status="empty", label=None, confidence=1.0, root=None,
+                             explanation="No log lines: the input is empty or holds only blank lines.",
+                             stage_ms=stage_ms)
+        if outcome.winner is None and not _has_failure_signal(outcome, exit_code):
+            return Diagnosis(status="healthy", label=None, confidence=_healthy_confidence(summary), root=None,
+                             explanation="No failure found: no error, traceback, hardware fault or stall in the log.",
+                             stage_ms=stage_ms)
+        diagnosis = _from_rules(outcome, exit_code)
+        diagnosis.context = outcome.context
+        diagnosis.stage_ms = stage_ms
+        if _rules_decide(outcome) and not self.llm_always:
+            return settle_action(diagnosis)
+        return settle_action(self._cascade(outcome, diagnosis))
+
+    def _cascade(self, outcome: RulesOutcome, diagnosis: Diagnosis) -> Diagnosis:
+        ctx = outcome.context
+        votes = [outcome.vote]
+        if self.catalog is not None:
+            self._consult("catalog", diagnosis, votes, lambda: self.catalog(ctx))
+        if self.retrieval is not None:
+            retrieval = self.retrieval
+            self._consult("retrieval", diagnosis, votes, lambda: retrieval.search(ctx, exclude_ids=self.exclude_incidents))
+        if self.llm is not None and (self.llm_always or needs_arbiter(votes, self.weights.split_margin)):
+            llm = self.llm
+            self._consult("llm", diagnosis, votes, lambda: llm.score(ctx, votes, exclude_ids=self.exclude_incidents))
+        elif self.llm is not None:
+            diagnosis.notes.append("llm not consulted: past incidents agree on one label")
+        if _rules_decide(outcome):
+            # A precise rule is not overturned: the other stages may only agree or explain.
+            return _explain_only(diagnosis, votes)
+        return _merge(diagnosis, fuse(votes, rule_hit_precise=False, weights=self.weights), votes)
+
+    @staticmethod
+    def _consult(name: str, diagnosis: Diagnosis, votes: list[StageVote], ask: Callable[[], StageVote]) -> None:
+        """One later stage's vote; a stage that fails is a note, never the end of the diagnosis."""
+        t0 = time.perf_counter()
+        try:
+            vote = ask()
+        except Exception as e:  # noqa: BLE001 - any failure of an optional stage must not lose the report
+            diagnosis.notes.append(f"{name} unavailable: {type(e).__name__}: {e}"[:300])
+            return
+        finally:
+            diagnosis.stage_ms[name] = _ms_since(t0)
+        votes.append(vote)
+
+
+def settle_action(diagnosis: Diagnosis) -> Diagnosis:
+    """The last word on the action, whichever stage chose the label: a cordon only when the log
+    blames exactly one machine (culprit.py), otherwise a restart, and the report says why."""
+    label = diagnosis.label
+    if label is None or label.action is not Action.CORDON_AND_RESTART:
+        return diagnosis
+    ok, why = blames_one_node(diagnosis.attribution)
+    if not ok:
+        diagnosis.label = Label(label.category, label.failure_type, Action.RESTART)
+        diagnosis.notes.append(f"restart, not cordon: {why}")
+    return diagnosis
+
+
+def _ms_since(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000
+
+
+def _rules_decide(outcome: RulesOutcome) -> bool:
+    """A precise root cause, or the scheduler's own word that it ended the job (a time limit or a
+    preemption ends a job that did nothing wrong, whatever else it printed)."""
+    if outcome.role is Role.ROOT_CAUSE:
+        return True
+    return outcome.winner is not None and is_resubmit(outcome.winner.hit.label.failure_type)
+
+
+def _explain_only(diagnosis: Diagnosis, votes: list[StageVote]) -> Diagnosis:
+    """The rules' label stands; a stage that agrees may explain it, one that does not is noted."""
+    diagnosis.votes = votes
+    label = diagnosis.label
+    if label is None:
+        return diagnosis
+    for vote in votes[1:]:
+        if vote.note and vote.note not in diagnosis.notes:
+            diagnosis.notes.append(vote.note)
+        if not vote.scores:
+            continue
+        top = vote.scores[0][0]
+        if (top.category, top.failure_type) == (label.category, label.failure_type):
+            if vote.explanation:
+                diagnosis.explanation = vote.explanation
+        else:
+            diagnosis.notes.append(
+                f"{vote.source} suggested {top.category.value}/{top.failure_type}; the precise rule stands")
+    return diagnosis
+
+
+def _merge(diagnosis: Diagnosis, result: FusionResult, votes: list[StageVote]) -> Diagnosis:
+    """The fused label and confidence over the rules' diagnosis; rules keep the root line."""
+    diagnosis.votes = votes
+    diagnosis.notes.extend(n for n in result.notes if n not in diagnosis.notes)
+    if result.label is None:
+        return diagnosis
+    changed = diagnosis.label is None or (
+        (diagnosis.label.category, diagnosis.label.failure_type) != (result.label.category, result.label.failure_type)
+    )
+    if changed:
+        was = f"{diagnosis.label.category.value}/{diagnosis.label.failure_type}" if diagnosis.label else "nothing"
+        diagnosis.notes.append(f"{result.decided_by} changed the rules' verdict ({was})")
+        diagnosis.hint = _hint_from_neighbours(result) or diagnosis.hint
+        if diagnosis.label is not None and result.label.category != Category.INFRASTRUCTURE:
+            diagnosis.attribution.hosts = []  # a node is only to blame for an infrastructure cause
+    diagnosis.label = result.label
+    diagnosis.confidence = result.confidence
+    known = {(e.source, e.line_no, e.text) for e in diagnosis.evidence}
+    diagnosis.evidence.extend(e for e in result.evidence if (e.source, e.line_no, e.text) not in known)
+    if result.explanation:
+        diagnosis.explanation = result.explanation
+    return diagnosis
+
+
+def _hint_from_neighbours(result: FusionResult) -> str:
+    for e in result.evidence:
+        if e.source.startswith("retrieval:"):
+            return f"Like past incident {e.source.split(':', 1)[1]}: {e.text}"
+    return ""
+
+
+def _has_failure_signal(outcome: RulesOutcome, exit_code: int | None) -> bool:
+    return bool(exit_code) or any(e.kind == "traceback" and e.exception_type for e in outcome.unexplained_events)
+
+
+def _healthy_confidence(summary: CompressionSummary) -> float:
+    # A log that shows training progress and no error is healthy with some confidence; an empty
+    # or tiny log tells little.
+    return 0.9 if summary.progress_lines > 0 else 0.6
+
+
+def _from_rules(outcome: RulesOutcome, exit_code: int | None) -> Diagnosis:
+    winner = outcome.winner
+    if winner is None:
+        label = Label(Category.UNKNOWN, "unknown", Action.NO_RESTART)
+        root = likeliest_unexplained(outcome.unexplained_events)
+        explanation = (
+            f"The job failed (exit code {exit_code}) but no known failure signature was found."
+            if exit_code
+            else "An error was found that no rule recognises."
+        )
+        return Diagnosis(status="failed", label=label, confidence=0.3, root=root, explanation=explanation,
+                         hint="Read the excerpt around the root line; add a rule or feed back the right label.")
+    hit = winner.hit
+    confidence = hit.confidence
+    if outcome.role == Role.SYMPTOM:
+        confidence = min(confidence, 0.6 if outcome.attribution.ranks else 0.45)
+    elif outcome.role == Role.FALLBACK:
+        confidence = min(confidence, 0.6)
+    return Diagnosis(
+        status="failed",
+        label=hit.label,
+        confidence=confidence,
+        root=hit.line,
+        attribution=outcome.attribution,
+        # Why no node is named matters only where a node could be to blame.
+        notes=list(outcome.attribution.notes) if hit.label.category is Category.INFRASTRUCTURE else [],
+        evidence=outcome.vote.evidence,
+        explanation=outcome.explanation,
+        hint=outcome.hint,
+        votes=[outcome.vote],
+    )

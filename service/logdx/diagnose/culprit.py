@@ -1,0 +1,249 @@
+"""Who is to blame: the node, rank and GPU behind a root cause, and only what the log shows.
+
+A culprit host comes from the root line itself (its own prefix, the stream it arrived on, or a host
+it names), or from an explicit link: the rank's own lines name its host, the same pid, a GPU address
+that exists on exactly one host of the job, the silent or lagging rank of a hang. It is never
+borrowed from a nearby line of another process: a victim's "failed (exitcode: -6)" names the victim.
+Every name is checked to be one plain host name, and one of the job's hosts when the job shows any.
+
+A cordon needs more than a name: the attribution is *corroborated* when the blamed host printed
+the hardware line itself, or when the blamed rank is the one that stopped (went silent, or made no
+progress after the fault). A name that arrives only inside message text is not enough: any
+training script can print "Node failure on gpu-007".
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from logdx.hosts import clean_hostname
+from logdx.model import Attribution, CompressionSummary, Event, Role
+from logdx.patterns import pci_key
+
+if TYPE_CHECKING:
+    from logdx.diagnose.rootcause import Finding
+
+__all__ = ["attribute", "blames_one_node"]
+
+# A job this small with no host name anywhere is one machine's log: the machine is blamed, unnamed.
+_SINGLE_NODE_MAX_RANKS = 8
+_WHOLE_NODE_FAILURES = frozenset({"node_failure"})  # every rank on the host went down with it
+_LAUNCHER_KINDS = frozenset({"signal_exit", "child_failed"})
+
+
+def attribute(
+    winner: Finding | None, role: Role | None, findings: Sequence[Finding], summary: CompressionSummary
+) -> Attribution:
+    if winner is None:
+        return Attribution()
+    if role == Role.SYMPTOM:
+        return _silent_or_lagging(findings, summary)
+    return _from_root(winner, findings, summary)
+
+
+# -- a root cause ------------------------------------------------------------------------------------
+
+
+def _from_root(winner: Finding, findings: Sequence[Finding], summary: CompressionSummary) -> Attribution:
+    hit = winner.hit
+    out = Attribution(gpus=[hit.gpu] if hit.gpu else [])
+    host, basis = _host_of_root(winner, summary, out)
+    rank = hit.rank
+    if host is None and rank is not None and rank in summary.rank_hosts:
+        host, basis = _checked(summary.rank_hosts[rank], summary, out, trusted=True), "the rank's own lines name its host"
+    if host is None and rank is None:
+        host, rank, basis = _linked(winner, findings, summary)
+    if host is not None and rank is None:
+        rank = _rank_on_host(host, hit.gpu, winner.event, summary)
+    ranks = set(winner.ranks) | ({rank} if rank is not None else set())
+    if host is not None and hit.label.failure_type in _WHOLE_NODE_FAILURES:
+        ranks |= {r for r, h in summary.rank_hosts.items() if h == host}
+    if 1 < summary.world_size <= len(ranks):
+        out.notes.append("every rank failed alike: no single node or rank is to blame")
+        return Attribution(gpus=out.gpus, notes=out.notes)
+    hosts = {host} if host else set()
+    # The same failure folded from other lines (the same Xid on two nodes): their hosts count too.
+    hosts |= {h for h in (_checked(h, summary, out, trusted=False) for h in winner.hosts - hosts) if h}
+    hosts |= {summary.rank_hosts[r] for r in ranks if r in summary.rank_hosts}
+    if hosts and not basis:
+        basis = "the failing lines' own hosts"
+    out.hosts, out.ranks = sorted(hosts), sorted(ranks)
+    out.basis = basis if hosts else ("the rank's own line" if len(ranks) == 1 and hit.line.rank is not None else "")
+    out.single_node = not hosts and _one_unnamed_machine(summary)
+    out.corroborated = _corroborated(winner, out, basis, findings, summary)
+    if not hosts:
+        out.notes.append(_why_no_host(winner, out, summary))
+    return out
+
+
+def _host_of_root(winner: Finding, summary: CompressionSummary, out: Attribution) -> tuple[str | None, str]:
+    """A host the root line names in its text, else the host of its own prefix or stream."""
+    hit = winner.hit
+    named = hit.groups.get("host")
+    if named:
+        host = _checked(named, summary, out, trusted=named == hit.line.host)
+        if host is not None:
+            return host, "named in the root line"
+    if hit.line.host:
+        host = _checked(hit.line.host, summary, out, trusted=True)
+        if host is not None:
+            return host, "the root line's own host (prefix or stream)"
+    return None, ""
+
+
+def _one_unnamed_machine(summary: CompressionSummary) -> bool:
+    """No host anywhere and no more ranks than one machine has GPUs: the log is one machine's."""
+    return not summary.hosts and summary.world_size <= _SINGLE_NODE_MAX_RANKS
+
+
+def _checked(name: str, summary: CompressionSummary, out: Attribution, *, trusted: bool) -> str | None:
+    """`name` when it is one plain host name, and (unless it comes from a prefix or stream, which
+    is how the job's host set is known) one of the job's hosts when the job shows any."""
+    host = clean_hostname(name)
+    if host is None:
+        out.notes.append(f"ignored culprit {name[:80]!r}: not a single plain host name")
+        return None
+    if not trusted and summary.hosts and host not in summary.hosts:
+        out.notes.append(f"ignored culprit {host!r}: not one of the job's hosts ({len(summary.hosts)} seen)")
+        return None
+    return host
+
+
+def _linked(winner: Finding, findings: Sequence[Finding], summary: CompressionSummary) -> tuple[str | None, int | None, str]:
+    """A line that names no process (a kernel Xid, an anonymous traceback) linked to one host
+    explicitly: the same pid, or a GPU address that exists on exactly one host of the job."""
+    event = winner.event
+    pid = event.attrs.get("pid") or event.anchor.pid
+    if pid is not None:
+        owners = {k.split("|", 1)[0]: r for k, r in summary.gpu_ranks.items() if k.endswith(f"|pid:{pid}")}
+        if len(owners) == 1:
+            (host, rank), = owners.items()
+            return clean_hostname(host), rank, "same pid as the rank's NCCL lines"
+        launchers = {
+            (f.hit.host, f.hit.rank) for f in findings
+            if f is not winner and f.event.kind in _LAUNCHER_KINDS and f.event.attrs.get("pid") == pid and f.hit.host
+        }
+        if len(launchers) == 1:
+            (host, rank), = launchers
+            return clean_hostname(host), rank, "same pid as the launcher's exit line"
+    gpu = winner.hit.gpu
+    if gpu:
+        key = f"|bus:{pci_key(gpu)}"
+        owners = {k.split("|", 1)[0]: r for k, r in summary.gpu_ranks.items() if k.endswith(key)}
+        if len(owners) == 1:
+            (host, rank), = owners.items()
+            return clean_hostname(host), rank, "GPU address found on one host only"
+    return None, None, ""
+
+
+def _rank_on_host(host: str, gpu: str | None, event: Event, summary: CompressionSummary) -> int | None:
+    """The rank behind a kernel or NCCL line that names only its host, GPU, process or device."""
+    keys = []
+    if gpu:
+        keys.append(f"{host}|bus:{pci_key(gpu)}")
+    pid = event.attrs.get("pid") or event.anchor.pid
+    if pid is not None:
+        keys.append(f"{host}|pid:{pid}")
+    if event.anchor.local_rank is not None:
+        keys.append(f"{host}|dev:{event.anchor.local_rank}")
+    for key in keys:
+        if key in summary.gpu_ranks:
+            return summary.gpu_ranks[key]
+    return None
+
+
+def _corroborated(winner: Finding, att: Attribution, basis: str, findings: Sequence[Finding],
+                  summary: CompressionSummary) -> bool:
+    """A second signal beside the name: the host printed the fault itself, or the blamed rank is
+    the one that stopped (silent while the others timed out, or its progress ended first), or it
+    reported a cause of its own besides the root line."""
+    if att.hosts and winner.hit.line.host in att.hosts and basis.startswith("the root line's own host"):
+        return True
+    blamed = set(att.ranks)
+    if not blamed:
+        return False
+    if _silent_among_victims(blamed, findings) or _stopped_first(blamed, summary):
+        return True
+    return any(f is not winner and f.hit.role is not Role.SYMPTOM and f.hit.rank in blamed for f in findings)
+
+
+def _silent_among_victims(blamed: set[int], findings: Sequence[Finding]) -> bool:
+    reporting: set[int] = set()
+    for f in findings:
+        if f.hit.role is Role.SYMPTOM:
+            reporting |= f.ranks
+    return bool(reporting) and not (blamed & reporting)
+
+
+def _stopped_first(blamed: set[int], summary: CompressionSummary) -> bool:
+    last = {k: v for k, v in summary.last_progress_line.items() if k.startswith("r")}
+    mine = [last[f"r{r}"] for r in blamed if f"r{r}" in last]
+    others = [v for k, v in last.items() if int(k[1:]) not in blamed] if all(k[1:].isdigit() for k in last) else []
+    return bool(mine and others) and max(mine) < min(others)
+
+
+def _why_no_host(winner: Finding, att: Attribution, summary: CompressionSummary) -> str:
+    if att.single_node:
+        return "the culprit node is the one machine that wrote this log; its name is not in the log"
+    if att.ranks and len(att.ranks) == 1:
+        return f"the culprit is rank {att.ranks[0]}, but no line names the host it ran on"
+    if summary.hosts:
+        return ("the root line names no host and nothing links it to one of the job's "
+                f"{len(summary.hosts)} hosts explicitly (same pid, a GPU address on one host only)")
+    return "no line names the host the failure happened on"
+
+
+# -- only symptoms: a hang ----------------------------------------------------------------------------
+
+
+def _silent_or_lagging(findings: Sequence[Finding], summary: CompressionSummary) -> Attribution:
+    symptoms = [f for f in findings if f.hit.role == Role.SYMPTOM]
+    reporting: set[int] = set()
+    seq_by_rank: dict[int, int] = {}
+    for f in symptoms:
+        reporting |= f.ranks
+        seq_by_rank.update(f.seq_by_rank)
+    ranks, basis = _lagging(seq_by_rank), "the rank lagging in collective sequence numbers"
+    if not ranks:
+        ranks, basis = _silent(reporting, summary), "the rank that fell silent while the others timed out"
+    if not ranks:
+        return Attribution(single_node=_one_unnamed_machine(summary),
+                           notes=["only symptoms, and no silent or lagging rank to point at"])
+    hosts = sorted({h for r in ranks if r in summary.rank_hosts if (h := clean_hostname(summary.rank_hosts[r]))})
+    return Attribution(hosts=hosts, ranks=ranks, basis=basis, corroborated=True)
+
+
+def _silent(reporting: set[int], summary: CompressionSummary) -> list[int]:
+    world = summary.world_size
+    if world <= 1 or not reporting:
+        return []
+    silent = sorted(set(range(world)) - reporting)
+    # Only a few silent ranks point at a culprit; half the job silent says nothing.
+    return silent if 0 < len(silent) <= max(1, world // 8) else []
+
+
+def _lagging(seq_by_rank: dict[int, int]) -> list[int]:
+    if len(set(seq_by_rank.values())) < 2:
+        return []
+    low = min(seq_by_rank.values())
+    counts = Counter(seq_by_rank.values())
+    if counts[low] > len(seq_by_rank) // 2:
+        return []
+    return sorted(r for r, s in seq_by_rank.items() if s == low)
+
+
+def blames_one_node(att: Attribution) -> tuple[bool, str]:
+    """Whether the log blames exactly one machine, and if not, why not. Only then may a report
+    recommend cordoning it (a single-node log or a rank's own line blame one machine, unnamed: the
+    report recommends the cordon, and no actuator can act on a name it does not have)."""
+    if len(att.hosts) == 1:
+        return True, ""
+    if len(att.hosts) > 1:
+        return False, f"the failure shows on {len(att.hosts)} hosts ({', '.join(att.hosts[:4])}): no single node to cordon"
+    if att.single_node:
+        return True, ""
+    if len(att.ranks) == 1 and att.basis == "the rank's own line":
+        return True, ""
+    return False, att.notes[-1] if att.notes else "no line names the node"

@@ -1,0 +1,126 @@
+"""The closed label set the LLM scores, the failure as prompt lines, and the templated explanation."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from logdx.diagnose.llm.prompts import Prompts
+from logdx.model import Action, Category, FailureContext, Label, StageVote
+from logdx.taxonomy import is_canonical, make_label
+
+MAX_QUERY_LINES = 10
+
+
+# Category-level defaults: always in the candidate set, so the model can disagree with the earlier
+# stages at least about the category (the generic type of each category, plus a few frequent ones).
+DEFAULT_CANDIDATES: tuple[tuple[str, str], ...] = (
+    ("framework", "framework_error"),
+    ("script", "script_error"),
+    ("infrastructure", "gpu_hardware_error"),
+    ("infrastructure", "network_error"),
+    ("framework", "cuda_oom"),
+    ("framework", "config_error"),
+)
+
+# Exception classes that name their failure type outright (a cheap, precise candidate).
+_EXCEPTION_CANDIDATES: dict[str, tuple[str, str]] = {
+    "SyntaxError": ("script", "syntax_error"),
+    "IndentationError": ("script", "syntax_error"),
+    "ModuleNotFoundError": ("script", "import_error"),
+    "ImportError": ("script", "import_error"),
+    "NameError": ("script", "name_error"),
+    "AttributeError": ("script", "attribute_error"),
+    "TypeError": ("script", "type_error"),
+    "KeyError": ("script", "key_error"),
+    "IndexError": ("script", "index_error"),
+    "ValueError": ("script", "value_error"),
+    "FileNotFoundError": ("script", "file_not_found"),
+    "PermissionError": ("script", "permission_error"),
+    "CalledProcessError": ("script", "called_process_error"),
+    "OutOfMemoryError": ("framework", "cuda_oom"),
+}
+
+
+def _exception_name(text: str | None) -> str | None:
+    if not text:
+        return None
+    m = re.search(r"([A-Z]\w*(?:Error|Exception))\b", text)
+    return m.group(1) if m else None
+
+
+def candidate_labels(
+    prior_votes: Sequence[StageVote], ctx: FailureContext | None = None, max_candidates: int = 12
+) -> list[Label]:
+    """The closed label set to score: labels proposed by rules and retrieval (best first), the
+    label the exception class names, then category-level defaults; unique, at most
+    ``max_candidates``."""
+    out: dict[tuple[str, str], Label] = {}
+
+    def add(cat: str | Category, ft: str, action: Action | None = None) -> None:
+        key = (Category(cat).value, ft)
+        if key not in out and is_canonical(cat, ft) and len(out) < max_candidates:
+            out[key] = make_label(cat, ft, action)
+
+    proposed = sorted(
+        ((lab, s) for v in prior_votes for lab, s in v.scores), key=lambda ls: ls[1], reverse=True
+    )
+    for lab, _ in proposed[: max(1, max_candidates - len(DEFAULT_CANDIDATES) - 1)]:
+        add(lab.category, lab.failure_type, lab.action)
+    if ctx is not None:
+        exc = _exception_name(ctx.exception_type) or _exception_name(ctx.root_text)
+        if exc in _EXCEPTION_CANDIDATES:
+            add(*_EXCEPTION_CANDIDATES[exc])
+    for cat, ft in DEFAULT_CANDIDATES:
+        add(cat, ft)
+    return list(out.values())
+
+
+def query_lines(ctx: FailureContext, max_lines: int = MAX_QUERY_LINES) -> list[str]:
+    """The failure as lines for a prompt: the root line, the masked templates near it, the raw
+    excerpt; duplicates dropped."""
+    lines: list[str] = []
+    nearby = [t for t in ctx.templates[:4] if t != ctx.root_masked]  # the root is already first
+    for line in [ctx.root_text or ctx.root_masked, *nearby, *ctx.excerpt]:
+        line = (line or "").strip()
+        if line and line not in lines:
+            lines.append(line)
+        if len(lines) >= max_lines:
+            break
+    return lines
+
+
+def example_dict(ex: Any) -> dict[str, Any]:
+    """An incident (or a retrieval Neighbour of one) as template variables."""
+    similarity = getattr(ex, "similarity", None)
+    inc = getattr(ex, "incident", ex)
+    cat = inc.category.value if isinstance(inc.category, Category) else str(inc.category)
+    act = inc.action.value if isinstance(inc.action, Action) else str(inc.action)
+    return {
+        "id": inc.id, "root_line": inc.root_line, "templates": list(inc.templates), "category": cat,
+        "failure_type": inc.failure_type, "action": act, "note": inc.note, "similarity": similarity,
+    }
+
+
+def render_explanation(
+    prompts: Prompts,
+    label: Label,
+    ctx: FailureContext,
+    *,
+    probability: float | None = None,
+    n_candidates: int = 0,
+    examples: Sequence[Any] = (),
+) -> str:
+    """The templated explanation of a label (usable by the pipeline for the fused label too)."""
+    example = None
+    for ex in examples:
+        d = example_dict(ex)
+        if (d["category"], d["failure_type"]) == (label.category.value, label.failure_type):
+            example = d if d["similarity"] is not None else {**d, "similarity": 0.0}
+            break
+    text = prompts.render(
+        "explanation.j2", category=label.category.value, failure_type=label.failure_type,
+        probability=probability, n_candidates=n_candidates, root_text=ctx.root_text, example=example,
+    )
+    return " ".join(text.split())

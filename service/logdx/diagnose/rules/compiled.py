@@ -1,0 +1,110 @@
+"""Rules compiled from their packs: plain, frozen data the matcher runs on."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from logdx.model import Event, Label, Record, Role
+
+_ROLE_RANK = {Role.ROOT_CAUSE: 0, Role.FALLBACK: 1, Role.SYMPTOM: 2}
+_SEVERITY_RANK = {"critical": 0, "high": 1, "medium": 2, "low": 3}
+Origin = Literal["user", "library"]
+
+
+class RuleError(Exception):
+    """A rule pack that does not load. ``problems`` holds one "file:line: rule 'id': what" each."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+@dataclass(frozen=True, slots=True)
+class OriginConfig:
+    """Where an exception was raised: library code, or the user's own."""
+
+    library_paths: tuple[re.Pattern[str], ...] = ()
+    # (file regex, function regex): frames that only pass an error through (nn.Module.__getattr__).
+    passthrough: tuple[tuple[re.Pattern[str], re.Pattern[str]], ...] = ()
+
+    def is_library(self, path: str) -> bool:
+        return any(p.search(path) for p in self.library_paths)
+
+    def is_passthrough(self, path: str, function: str | None) -> bool:
+        fn = function or ""
+        return any(f.search(path) and g.fullmatch(fn) for f, g in self.passthrough)
+
+    def merged(self, other: OriginConfig) -> OriginConfig:
+        return OriginConfig(self.library_paths + other.library_paths, self.passthrough + other.passthrough)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    id: str
+    pack: str
+    title: str
+    role: Role
+    severity: str
+    confidence: float
+    label: Label | None  # None when the label depends on the origin (by_origin)
+    by_origin: dict[str, Label | None] | None  # None for a side: the library's owner decides
+    patterns: tuple[re.Pattern[str], ...]
+    kinds: tuple[str, ...] | None
+    exceptions: frozenset[str] | None
+    unless: tuple[re.Pattern[str], ...]
+    hint: str
+    examples: tuple[str, ...]
+    counterexamples: tuple[str, ...]
+    file: str
+    line: int
+    order: int
+    # Lower-cased strings one of which must occur in a line for some pattern to match it; None
+    # when a pattern has no usable literal (then every line is tried).
+    literals: frozenset[str] | None = None
+    example_lines: tuple[int, ...] = ()
+    counterexample_lines: tuple[int, ...] = ()
+
+    def where(self) -> str:
+        return f"{self.file}:{self.line}: rule '{self.id}'"
+
+
+@dataclass(slots=True)
+class RuleHit:
+    rule_id: str
+    pack: str
+    title: str
+    role: Role
+    label: Label
+    severity: str
+    confidence: float
+    line: Record  # the event line the pattern matched: it becomes the root line
+    groups: dict[str, str]
+    hint: str
+    event: Event
+
+    @property
+    def source(self) -> str:
+        """How evidence cites this hit."""
+        return f"rule:{self.rule_id}"
+
+    # Where the hit points: a named group of the pattern, else the matched line's prefixes (or
+    # the event's GPU). For a symptom that is the rank that reported it, not the culprit.
+    @property
+    def host(self) -> str | None:
+        return self.groups.get("host") or self.line.host
+
+    @property
+    def rank(self) -> int | None:
+        g = self.groups.get("rank")
+        return int(g) if g is not None and g.isdigit() else self.line.rank
+
+    @property
+    def gpu(self) -> str | None:
+        return self.groups.get("gpu") or self.event.gpu
+
+    def sort_key(self) -> tuple[int, int, float]:
+        return (_ROLE_RANK[self.role], _SEVERITY_RANK[self.severity], -self.confidence)
+

@@ -1,0 +1,370 @@
+"""Loading rule packs: YAML -> validated spec -> compiled rules, with errors that name file, line
+and rule id (one "file:line: rule 'id': what" each, all of them at once)."""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from logdx import yamlsafe
+from logdx.diagnose.rules.compiled import OriginConfig, Rule, RuleError
+from logdx.diagnose.rules.examples import check_examples
+from logdx.diagnose.rules.keywords import pattern_problem, rule_literals
+from logdx.diagnose.rules.matcher import RuleSet
+from logdx.diagnose.rules.spec import KNOWN_KINDS, LabelSpec, OriginSpec, PackSpec, RuleSpec
+from logdx.model import Action, Category, Label, Role
+from logdx.taxonomy import category_of, default_action, make_label
+
+ENV_RULES_DIR = "LOGDX_RULES_DIR"
+
+
+def default_rules_dir() -> Path:
+    """The rules shipped with logdx: $LOGDX_RULES_DIR, the repo's rules/, or <prefix>/share/logdx/rules."""
+    candidates: list[Path] = []
+    env = os.environ.get(ENV_RULES_DIR)
+    if env:
+        candidates.append(Path(env))
+    here = Path(__file__).resolve()
+    if len(here.parents) > 4:
+        candidates.append(here.parents[4] / "rules")  # service/logdx/diagnose/rules/loader.py -> repo/rules
+    candidates.append(Path(sys.prefix) / "share" / "logdx" / "rules")
+    candidates.append(Path("/usr/share/logdx/rules"))
+    for c in candidates:
+        if c.is_dir() and any(c.glob("*.yaml")):
+            return c
+    tried = ", ".join(str(c) for c in candidates)
+    raise RuleError([f"no rules directory found (tried {tried}); set {ENV_RULES_DIR}"])
+
+
+def load_rules(dirs: Sequence[Path | str] | Path | str, *, verify: bool = True) -> RuleSet:
+    """Load every ``*.yaml`` pack of each folder (or pack file) in order.
+
+    ``verify`` also runs every rule's examples and counterexamples (the CLI's ``rules test``
+    loads with ``verify=False`` and lists all problems with ``check_examples``)."""
+    if isinstance(dirs, (str, Path)):
+        dirs = [dirs]
+    files: list[Path] = []
+    problems: list[str] = []
+    for d in dirs:
+        p = Path(d)
+        if p.is_dir():
+            files.extend(sorted([*p.glob("*.yaml"), *p.glob("*.yml")]))
+        elif p.is_file():
+            files.append(p)
+        else:
+            problems.append(f"{_display(p)}: no such rules directory or file")
+    rules: list[Rule] = []
+    origin = OriginConfig()
+    packs: dict[str, str] = {}
+    seen: dict[str, Rule] = {}
+    for f in files:
+        loaded = _load_pack(f, start_order=len(rules))
+        problems.extend(loaded.problems)
+        if loaded.origin is not None:
+            origin = origin.merged(loaded.origin)
+        if loaded.name:
+            packs.setdefault(loaded.name, loaded.description)
+        for r in loaded.rules:
+            if r.id in seen:
+                problems.append(f"{r.where()}: duplicate rule id (first defined at {seen[r.id].file}:{seen[r.id].line})")
+                continue
+            seen[r.id] = r
+            rules.append(r)
+    if problems:
+        raise RuleError(problems)
+    ruleset = RuleSet(rules=rules, origin=origin, packs=packs, files=files)
+    if verify:
+        bad = check_examples(ruleset, require_examples=False)
+        if bad:
+            raise RuleError(bad)
+    return ruleset
+
+
+@dataclass
+class _LoadedPack:
+    name: str = ""
+    description: str = ""
+    rules: list[Rule] = field(default_factory=list)
+    origin: OriginConfig | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+class _Lines:
+    """Line numbers of a YAML document by path: ("rules", 3, "failure_type") -> 41."""
+
+    def __init__(self, root: yaml.Node | None) -> None:
+        self.at: dict[tuple[Any, ...], int] = {}
+        self.duplicates: list[tuple[tuple[Any, ...], int]] = []
+        if root is not None:
+            self._walk(root, ())
+
+    def _walk(self, node: yaml.Node, path: tuple[Any, ...]) -> None:
+        self.at.setdefault(path, node.start_mark.line + 1)  # a key's own line was set first
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = k.value if isinstance(k, yaml.ScalarNode) else str(k.start_mark)
+                kpath = (*path, key)
+                if kpath in self.at:
+                    self.duplicates.append((kpath, k.start_mark.line + 1))
+                # The key's line, not the value's: that is where a wrong value is reported.
+                self.at[kpath] = k.start_mark.line + 1
+                self._walk(v, kpath)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                self._walk(v, (*path, i))
+
+    def line(self, path: Sequence[Any]) -> int:
+        """The line of the deepest known prefix of path."""
+        p = tuple(path)
+        while p and p not in self.at:
+            p = p[:-1]
+        return self.at.get(p, 1)
+
+
+def _load_pack(path: Path, start_order: int) -> _LoadedPack:
+    out = _LoadedPack()
+    shown = _display(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+        root, data = yamlsafe.load_with_nodes(text, shown)
+    except (OSError, UnicodeDecodeError) as exc:
+        out.problems.append(f"{shown}: cannot read: {exc}")
+        return out
+    except yamlsafe.YamlError as exc:  # not YAML, or an alias bomb / absurd nesting
+        out.problems.append(f"{shown}:{exc.line or 1}: {exc.problem}")
+        return out
+    lines = _Lines(root)
+    for dpath, dline in lines.duplicates:
+        out.problems.append(f"{shown}:{dline}: {_rule_ref(data, dpath)}duplicate key '{dpath[-1]}'")
+    if not isinstance(data, dict):
+        out.problems.append(f"{shown}:1: a pack is a mapping with 'pack', 'description' and 'rules'")
+        return out
+    try:
+        spec = PackSpec.model_validate(data)
+    except ValidationError as exc:
+        out.problems.extend(_pydantic_problems(exc, shown, lines, data, ()))
+        return out
+    out.name, out.description = spec.pack, spec.description
+    if spec.origin is not None:
+        out.origin = _compile_origin(spec.origin, shown, lines, out.problems)
+    for i, raw in enumerate(spec.rules):
+        rpath = ("rules", i)
+        if not isinstance(raw, dict):
+            out.problems.append(f"{shown}:{lines.line(rpath)}: rule #{i + 1} is not a mapping")
+            continue
+        try:
+            rspec = RuleSpec.model_validate(raw)
+        except ValidationError as exc:
+            out.problems.extend(_pydantic_problems(exc, shown, lines, data, rpath))
+            continue
+        rule = _compile_rule(rspec, spec.pack, shown, lines, rpath, start_order + len(out.rules), out.problems)
+        if rule is not None:
+            out.rules.append(rule)
+    return out
+
+
+def _rule_ref(data: Any, path: Sequence[Any]) -> str:
+    if len(path) >= 2 and path[0] == "rules" and isinstance(path[1], int) and isinstance(data, dict):
+        rules = data.get("rules")
+        if isinstance(rules, list) and path[1] < len(rules) and isinstance(rules[path[1]], dict):
+            rid = rules[path[1]].get("id")
+            if rid is not None:
+                return f"rule '{rid}': "
+        return f"rule #{path[1] + 1}: "
+    return ""
+
+
+def _pydantic_problems(
+    exc: ValidationError, shown: str, lines: _Lines, data: Any, prefix: tuple[Any, ...]
+) -> list[str]:
+    out = []
+    for err in exc.errors():
+        loc = (*prefix, *err["loc"])
+        field_name = ".".join(str(x) for x in err["loc"]) or "(top)"
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            what = f"unknown key '{err['loc'][-1]}'"
+        elif kind == "missing":
+            what = f"missing field '{field_name}'"
+        else:
+            what = f"{field_name}: {err['msg']}"
+            if "input" in err and kind != "model_type":
+                what += f" (got {err['input']!r})"
+        out.append(f"{shown}:{lines.line(loc)}: {_rule_ref(data, loc)}{what}")
+    return out
+
+
+def _compile_origin(spec: OriginSpec, shown: str, lines: _Lines, problems: list[str]) -> OriginConfig:
+    libs: list[re.Pattern[str]] = []
+    for i, src in enumerate(spec.library_paths):
+        pat = _compile_regex(src, f"{shown}:{lines.line(('origin', 'library_paths', i))}: origin", problems)
+        if pat is not None:
+            libs.append(pat)
+    passes: list[tuple[re.Pattern[str], re.Pattern[str]]] = []
+    for i, src in enumerate(spec.passthrough):
+        where = f"{shown}:{lines.line(('origin', 'passthrough', i))}: origin"
+        file_src, func_src = _split_passthrough(src)
+        if not file_src or not func_src:
+            problems.append(f"{where}: passthrough must be 'file-regex:function-regex', got {src!r}")
+            continue
+        f, g = _compile_regex(file_src, where, problems), _compile_regex(func_src, where, problems)
+        if f is not None and g is not None:
+            passes.append((f, g))
+    return OriginConfig(tuple(libs), tuple(passes))
+
+
+def _split_passthrough(src: str) -> tuple[str, str]:
+    """'file-regex:function-regex' split at the last ':' outside parentheses (not '(?:')."""
+    depth, cut, i = 0, -1, 0
+    while i < len(src):
+        ch = src[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == ":" and depth == 0:
+            cut = i
+        i += 1
+    return (src[:cut], src[cut + 1 :]) if cut >= 0 else ("", "")
+
+
+def _compile_regex(src: str, where: str, problems: list[str]) -> re.Pattern[str] | None:
+    try:
+        pat = re.compile(src)
+    except re.error as exc:
+        problems.append(f"{where}: bad regex {src!r}: {exc}")
+        return None
+    return pat
+
+
+def _make_label(category: str, failure_type: str, action: str | None) -> tuple[Label | None, str | None]:
+    """The rule's label from the taxonomy; a stated action must be one the label allows, and
+    stating the default is noise (the taxonomy says it once)."""
+    cat = Category(category)
+    if category_of(failure_type) != cat and not (cat is Category.UNKNOWN and failure_type == "unknown"):
+        return None, f"unknown failure_type '{failure_type}' for category {category} (see logdx/taxonomy.yaml)"
+    if action is not None and Action(action) == default_action(cat, failure_type):
+        return None, f"action {action} is already the default of {failure_type}: leave it out"
+    try:
+        return make_label(cat, failure_type, action), None
+    except ValueError as e:
+        return None, str(e)
+
+
+def _compile_rule(
+    spec: RuleSpec, pack: str, shown: str, lines: _Lines, rpath: tuple[Any, ...], order: int, problems: list[str]
+) -> Rule | None:
+    n_before = len(problems)
+
+    def where(*sub: Any) -> str:
+        return f"{shown}:{lines.line((*rpath, *sub))}: rule '{spec.id}'"
+
+    label: Label | None = None
+    by_origin: dict[str, Label | None] | None = None
+    if spec.by_origin is not None:
+        if spec.category is not None or spec.failure_type is not None or spec.action is not None:
+            problems.append(f"{where('by_origin')}: give either category/failure_type/action or by_origin, not both")
+        by_origin = {}
+        for which in ("user", "library"):
+            ls: LabelSpec | str = getattr(spec.by_origin, which)
+            if ls == "owner":
+                by_origin[which] = None
+                continue
+            assert isinstance(ls, LabelSpec)
+            lab, err = _make_label(ls.category, ls.failure_type, ls.action)
+            if err:
+                problems.append(f"{where('by_origin', which, 'failure_type')}: {err}")
+            elif lab is not None:
+                by_origin[which] = lab
+        if not spec.match.exceptions and spec.match.kinds != ["traceback"]:
+            problems.append(f"{where('by_origin')}: by_origin needs match.exceptions (or kinds: [traceback])")
+    else:
+        if spec.category is None:
+            problems.append(f"{where()}: missing field 'category' (or by_origin)")
+        if spec.failure_type is None:
+            problems.append(f"{where()}: missing field 'failure_type' (or by_origin)")
+        if spec.category is not None and spec.failure_type is not None:
+            label, err = _make_label(spec.category, spec.failure_type, spec.action)
+            if err:
+                problems.append(f"{where('failure_type')}: {err}")
+
+    m = spec.match
+    if not m.patterns and not m.exceptions and not m.kinds:
+        problems.append(f"{where('match')}: match needs patterns, exceptions or kinds")
+    patterns = []
+    for i, src in enumerate(m.patterns):
+        pat = _compile_regex(src, where("match", "patterns", i), problems)
+        if pat is not None and pattern_problem(src):
+            problems.append(f"{where('match', 'patterns', i)}: {pattern_problem(src)} in {src!r}")
+        elif pat is not None:
+            patterns.append(pat)
+    unless = [u for i, src in enumerate(m.unless) if (u := _compile_regex(src, where("match", "unless", i), problems))]
+    if m.kinds is not None:
+        for i, k in enumerate(m.kinds):
+            if k not in KNOWN_KINDS:
+                problems.append(f"{where('match', 'kinds', i)}: unknown event kind '{k}' (known: {', '.join(sorted(KNOWN_KINDS))})")
+    for i, e in enumerate(m.exceptions or []):
+        if e != "*" and not re.fullmatch(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*", e):
+            problems.append(f"{where('match', 'exceptions', i)}: not an exception type name: {e!r}")
+    hint_err = hint_problem(spec.hint)
+    if hint_err:
+        problems.append(f"{where('hint')}: {hint_err}")
+    if len(problems) > n_before:
+        return None
+    return Rule(
+        id=spec.id,
+        pack=pack,
+        title=spec.title,
+        role=Role(spec.role),
+        severity=spec.severity,
+        confidence=float(spec.confidence),
+        label=label,
+        by_origin=by_origin,
+        patterns=tuple(patterns),
+        kinds=tuple(m.kinds) if m.kinds is not None else None,
+        exceptions=frozenset(m.exceptions) if m.exceptions is not None else None,
+        unless=tuple(unless),
+        hint=spec.hint,
+        examples=tuple(spec.examples),
+        counterexamples=tuple(spec.counterexamples),
+        file=shown,
+        line=lines.line(rpath),
+        order=order,
+        literals=rule_literals(m.patterns),
+        example_lines=tuple(lines.line((*rpath, "examples", i)) for i in range(len(spec.examples))),
+        counterexample_lines=tuple(
+            lines.line((*rpath, "counterexamples", i)) for i in range(len(spec.counterexamples))
+        ),
+    )
+
+
+def _display(path: Path) -> str:
+    """rules/gpu.yaml rather than /work/main/rules/gpu.yaml when under the working directory."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def hint_problem(template: str) -> str | None:
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        return f"bad hint template: {exc}"
+    for f in fields:
+        if not f.isidentifier():
+            return f"hint field {{{f}}} must be a plain name like {{host}}"
+    return None
+

@@ -1,0 +1,164 @@
+"""Input formats: bytes and what the transport says about them in, log lines out.
+
+One module per format, each a `Format` (name, media types, how its first bytes look, its parser):
+
+| name        | what                                                                | module            |
+|-------------|---------------------------------------------------------------------|-------------------|
+| `text`      | log lines; CRI container log lines unwrapped                        | `text`            |
+| `ndjson`    | JSON records: NDJSON, concatenated, one array (Fluent Bit, Vector)   | `records`         |
+| `msgpack`   | Fluent Bit's default HTTP body                                      | `fluent_msgpack`  |
+| `otlp`      | OpenTelemetry logs, protobuf                                        | `otlp`            |
+| `otlp-json` | OpenTelemetry logs, OTLP JSON                                       | `otlp`            |
+| `loki`      | Loki push, snappy protobuf                                          | `loki`            |
+| `loki-json` | Loki push, JSON                                                     | `loki`            |
+
+A new shipper format is one module with one `Format`, added to `FORMATS` below. `choose()` picks a
+format from a name, a media type, or, where that is unambiguous, the input's first bytes.
+Used by the HTTP service (`logdx.api.ingest`), the CLI (`diagnose --format`) and `read_file`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from logdx.formats.base import DEFAULT_JOB_KEYS, Batch, Format, FormatError, Meta, Parser, Run
+from logdx.formats.fluent_msgpack import FLUENT_MSGPACK
+from logdx.formats.loki import LOKI_JSON, LOKI_PROTOBUF
+from logdx.formats.otlp import OTLP_JSON, OTLP_PROTOBUF
+from logdx.formats.records import RECORDS
+from logdx.formats.text import TEXT
+
+__all__ = [
+    "DEFAULT_JOB_KEYS", "FORMATS", "SNIFF_BYTES", "Batch", "Format", "FormatError", "Meta", "Parser", "Run",
+    "by_name", "choose", "media_type", "names", "read_stream", "sniff_file",
+]
+
+FORMATS: dict[str, Format] = {f.name: f for f in (TEXT, RECORDS, FLUENT_MSGPACK, OTLP_PROTOBUF, OTLP_JSON,
+                                                  LOKI_PROTOBUF, LOKI_JSON)}
+_ALIASES = {"json": "ndjson", "jsonl": "ndjson", "fluentbit": "msgpack"}
+SNIFF_BYTES = 256
+# Recognised by their first bytes alone, in this order (a JSON document's key, msgpack's event head).
+_DOCUMENT_SNIFFS = (OTLP_JSON, LOKI_JSON)
+
+
+def names() -> list[str]:
+    return [*FORMATS, "auto"]
+
+
+def media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def by_name(name: str) -> Format:
+    fmt = FORMATS.get(_ALIASES.get(name, name))
+    if fmt is None:
+        raise FormatError("unsupported", "bad_format", f"unknown format {name!r}: one of {', '.join(names())}")
+    return fmt
+
+
+def _looks_ndjson(head: bytes) -> bool:
+    """The first line is one whole JSON object (a text log line rarely is)."""
+    first = head.lstrip().split(b"\n", 1)
+    if not first[0].startswith(b"{") or len(first) < 2:
+        return head.lstrip().startswith(b"[{") or head.lstrip().startswith(b"[\n")
+    try:
+        return isinstance(json.loads(first[0]), dict)
+    except ValueError:
+        return False
+
+
+def sniff_file(head: bytes) -> Format:
+    """The format of an input nothing describes, from its first bytes."""
+    return _sniff_any(head)
+
+
+def _sniff_any(head: bytes) -> Format:
+    """An input nothing describes (a file, an octet stream): its first bytes decide; text otherwise."""
+    if FLUENT_MSGPACK.sniff is not None and FLUENT_MSGPACK.sniff(head):
+        return FLUENT_MSGPACK
+    for fmt in _DOCUMENT_SNIFFS:
+        if fmt.sniff is not None and fmt.sniff(head):
+            return fmt
+    return RECORDS if _looks_ndjson(head) else TEXT
+
+
+def _sniff_json(head: bytes) -> Format:
+    for fmt in _DOCUMENT_SNIFFS:
+        if fmt.sniff is not None and fmt.sniff(head):
+            return fmt
+    return RECORDS
+
+
+class Sniffing:
+    """Holds the first bytes until they tell which format this is, then hands everything to it."""
+
+    def __init__(self, pick: callable, meta: Meta) -> None:  # type: ignore[valid-type]
+        self.pick = pick
+        self.meta = meta
+        self.format: Format | None = None
+        self._parser: Parser | None = None
+        self._head = b""
+
+    def feed(self, data: bytes) -> Batch:
+        if self._parser is not None:
+            return self._parser.feed(data)
+        self._head += data
+        if len(self._head) < SNIFF_BYTES:
+            return Batch()
+        return self._start().feed(self._take())
+
+    def finish(self) -> Batch:
+        if self._parser is None:
+            batch = self._start().feed(self._take())
+            return batch.merge(self._parser.finish())  # type: ignore[union-attr]
+        return self._parser.finish()
+
+    def _take(self) -> bytes:
+        head, self._head = self._head, b""
+        return head
+
+    def _start(self) -> Parser:
+        self.format = self.pick(self._head)
+        self._parser = self.format.parser(self.meta)
+        return self._parser
+
+
+def choose(meta: Meta, *, name: str | None = None, content_type: str | None = None,
+           protobuf: Format = OTLP_PROTOBUF, http: bool = True) -> tuple[str, Parser]:
+    """The parser for an input: by `name` (a format name or "auto"), else by media type, else by its
+    first bytes. Protobuf bodies cannot be told apart by their bytes: the endpoint says which
+    (`protobuf`). Over HTTP a text media type means text; a file (`http=False`) is sniffed.
+    Returns (the format's name, or "auto" until the bytes decide; the parser)."""
+    if name and name != "auto":
+        fmt = by_name(name)
+        return fmt.name, fmt.parser(meta)
+    media = media_type(content_type)
+    if media in protobuf.media_types:
+        return protobuf.name, protobuf.parser(meta)
+    if media in FLUENT_MSGPACK.media_types:
+        return FLUENT_MSGPACK.name, FLUENT_MSGPACK.parser(meta)
+    if media in RECORDS.media_types or media.endswith("+json"):
+        return "auto", Sniffing(_sniff_json, meta)
+    if http and (not media or media in TEXT.media_types or media.startswith("text/")):
+        return TEXT.name, TEXT.parser(meta)
+    if not http or media in ("", "application/octet-stream"):
+        return "auto", Sniffing(_sniff_any, meta)
+    raise FormatError("unsupported", "unsupported_media_type",
+                      f"unsupported Content-Type {media!r}: send text/plain lines, JSON records "
+                      "(application/json, application/x-ndjson), application/msgpack (Fluent Bit), "
+                      "OTLP (application/x-protobuf or JSON) or a Loki push")
+
+
+def read_stream(f: BinaryIO, meta: Meta, name: str | None = None, piece: int = 1 << 20) -> Iterator[Batch]:
+    """A whole input (a file, stdin), piece by piece, as batches."""
+    _, parser = choose(meta, name=name, http=False)
+    while True:
+        data = f.read(piece)
+        if not data:
+            break
+        batch = parser.feed(data)
+        if batch.lines or batch.refused:
+            yield batch
+    yield parser.finish()

@@ -1,0 +1,258 @@
+"""The one taxonomy: categories, failure types, and what each implies (``taxonomy.yaml``).
+
+Loaded once, validated at load (errors name the file and line). Everything that needs to know
+whether a label exists, which action it implies, or whether it may ever take a node out of a
+cluster asks here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from logdx import yamlsafe
+from logdx.model import Action, Category, Label
+
+TAXONOMY_PATH = Path(__file__).with_name("taxonomy.yaml")
+
+__all__ = [
+    "FailureType",
+    "Taxonomy",
+    "TaxonomyError",
+    "category_of",
+    "default_action",
+    "failure_types_of",
+    "is_canonical",
+    "is_hardware",
+    "is_resubmit",
+    "make_label",
+    "module_of_path",
+    "owner_of",
+    "taxonomy",
+]
+
+
+class TaxonomyError(ValueError):
+    """taxonomy.yaml does not load; the message names file and line."""
+
+
+class _CategorySpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    action: Action
+    title: str
+
+
+class _TypeSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    category: Category
+    action: Action
+    title: str
+    hardware: bool = False
+    resubmit: bool = False
+
+
+class _FileSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    categories: dict[Category, _CategorySpec]
+    failure_types: dict[str, _TypeSpec]
+    owners: dict[str, str] = {}
+    library_default: str
+
+
+@dataclass(frozen=True, slots=True)
+class FailureType:
+    name: str
+    category: Category
+    action: Action
+    title: str
+    hardware: bool = False
+    resubmit: bool = False
+
+
+@dataclass(frozen=True)
+class Taxonomy:
+    types: dict[str, FailureType]
+    category_actions: dict[Category, Action]
+    category_titles: dict[Category, str]
+    owners: dict[str, str]  # dotted module prefix -> failure type of what it raises
+    library_default: str  # failure type of a library error no owner names
+
+    def by_category(self) -> dict[Category, tuple[str, ...]]:
+        out: dict[Category, list[str]] = {c: [] for c in Category}
+        for t in self.types.values():
+            out[t.category].append(t.name)
+        return {c: tuple(v) for c, v in out.items()}
+
+
+def load_taxonomy(path: Path = TAXONOMY_PATH) -> Taxonomy:
+    try:
+        text = path.read_text(encoding="utf-8")
+        raw = yamlsafe.load(text, str(path))
+        spec = _FileSpec.model_validate(raw)
+    except yamlsafe.YamlError as e:
+        raise TaxonomyError(str(e)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaxonomyError(f"{path}: cannot load: {e}") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = _line_of(text, [str(p) for p in err["loc"]])
+        raise TaxonomyError(f"{path}:{where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    problems = []
+    for name, t in spec.failure_types.items():
+        where = f"{path}:{_line_of(text, ['failure_types', name])}"
+        if t.action == Action.CORDON_AND_RESTART and not t.hardware:
+            problems.append(f"{where}: {name}: only a hardware type may default to cordon_and_restart")
+        if t.hardware and t.category != Category.INFRASTRUCTURE:
+            problems.append(f"{where}: {name}: hardware types are infrastructure")
+        if t.resubmit and t.hardware:
+            problems.append(f"{where}: {name}: a resubmit type blames no node, it cannot be hardware")
+        if t.category != Category.INFRASTRUCTURE and t.action != Action.NO_RESTART:
+            problems.append(f"{where}: {name}: only infrastructure types restart by default")
+    for module, ft in spec.owners.items():
+        if ft not in spec.failure_types:
+            problems.append(f"{path}:{_line_of(text, ['owners', module])}: owner {module}: unknown failure type {ft}")
+    if spec.library_default not in spec.failure_types:
+        problems.append(f"{path}: library_default: unknown failure type {spec.library_default}")
+    missing = set(Category) - set(spec.categories)
+    if missing:
+        problems.append(f"{path}: categories missing: {', '.join(sorted(c.value for c in missing))}")
+    if problems:
+        raise TaxonomyError("\n".join(problems))
+    types = {name: FailureType(name, t.category, t.action, t.title, t.hardware, t.resubmit)
+             for name, t in spec.failure_types.items()}
+    return Taxonomy(
+        types=types,
+        category_actions={c: s.action for c, s in spec.categories.items()},
+        category_titles={c: s.title for c, s in spec.categories.items()},
+        owners=dict(spec.owners),
+        library_default=spec.library_default,
+    )
+
+
+def _line_of(text: str, keys: list[str]) -> int:
+    """The line where a nested key is written (1-based; 1 when not found): errors point at it."""
+    line, indent = 0, -1
+    lines = text.splitlines()
+    for key in keys:
+        for i in range(line, len(lines)):
+            stripped = lines[i].lstrip()
+            depth = len(lines[i]) - len(stripped)
+            if depth > indent and stripped.startswith(f"{key}:"):
+                line, indent = i, depth
+                break
+        else:
+            return line + 1
+    return line + 1
+
+
+@cache
+def taxonomy() -> Taxonomy:
+    return load_taxonomy()
+
+
+def failure_types_of(category: Category | str) -> tuple[str, ...]:
+    return taxonomy().by_category().get(Category(category), ())
+
+
+def category_of(failure_type: str) -> Category | None:
+    """The category a canonical failure type belongs to (failure types are unique across categories)."""
+    t = taxonomy().types.get(failure_type)
+    return t.category if t is not None else None
+
+
+def is_canonical(category: Category | str, failure_type: str) -> bool:
+    try:
+        cat = Category(category)
+    except ValueError:
+        return False
+    t = taxonomy().types.get(failure_type)
+    return t is not None and t.category == cat and cat is not Category.UNKNOWN
+
+
+def is_hardware(failure_type: str | None) -> bool:
+    t = taxonomy().types.get(failure_type or "")
+    return bool(t and t.hardware)
+
+
+def is_resubmit(failure_type: str | None) -> bool:
+    t = taxonomy().types.get(failure_type or "")
+    return bool(t and t.resubmit)
+
+
+def default_action(category: Category | str, failure_type: str | None) -> Action:
+    """The action a label implies when nothing more specific is known."""
+    t = taxonomy().types.get(failure_type or "")
+    if t is not None and t.category == Category(category):
+        return t.action
+    return taxonomy().category_actions[Category(category)]
+
+
+def allowed_actions(category: Category | str, failure_type: str) -> frozenset[Action]:
+    """The actions a rule may state for a label: a restart only for infrastructure, a cordon only
+    for infrastructure (a rule may say a signal implicates one machine, e.g. a NIC link down), never
+    for a resubmit type."""
+    cat = Category(category)
+    if cat is Category.UNKNOWN:
+        # A hang with no error says nothing of its cause, and a restart is what clears most hangs.
+        return frozenset({Action.NO_RESTART, Action.RESTART})
+    if cat is not Category.INFRASTRUCTURE:
+        return frozenset({Action.NO_RESTART})
+    if is_resubmit(failure_type):
+        return frozenset({Action.RESTART})
+    return frozenset({Action.RESTART, Action.CORDON_AND_RESTART})
+
+
+def make_label(category: Category | str, failure_type: str, action: Action | str | None = None) -> Label:
+    """A canonical Label; raises ValueError for a failure type outside its category or an action
+    the label does not allow."""
+    cat = Category(category)
+    if cat is Category.UNKNOWN and failure_type == "unknown":
+        return Label(cat, failure_type, Action(action) if action is not None else default_action(cat, failure_type))
+    if not is_canonical(cat, failure_type):
+        raise ValueError(f"not a canonical label: {cat.value}/{failure_type}")
+    act = Action(action) if action is not None else default_action(cat, failure_type)
+    if act not in allowed_actions(cat, failure_type):
+        raise ValueError(f"{cat.value}/{failure_type} cannot have action {act.value}")
+    return Label(cat, failure_type, act)
+
+
+_SITE_DIRS = ("site-packages", "dist-packages")
+
+
+def module_of_path(path: str) -> str | None:
+    """The dotted module a source path belongs to, when it is an installed (or vendored) library:
+    `/x/lib/python3.10/site-packages/torch/utils/data/dataloader.py` -> `torch.utils.data.dataloader`."""
+    parts = path.replace("\\", "/").split("/")
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] in _SITE_DIRS:
+            rest = [p for p in parts[i + 1:] if p]
+            break
+    else:
+        # A framework run from its source checkout (Megatron, NeMo): its package directory.
+        tops = {m.split(".", 1)[0] for m in taxonomy().owners}
+        at = next((i for i in range(len(parts) - 2, -1, -1) if parts[i] in tops), None)
+        if at is None:
+            return None
+        rest = parts[at:]
+    if not rest:
+        return None
+    rest[-1] = rest[-1].removesuffix(".py").removesuffix(".pyx")
+    if rest[-1] == "__init__":
+        rest.pop()
+    return ".".join(rest) or None
+
+
+def owner_of(module: str | None) -> str | None:
+    """The failure type of an error raised in this module, by its longest listed dotted prefix."""
+    if not module:
+        return None
+    owners = taxonomy().owners
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        ft = owners.get(".".join(parts[:n]))
+        if ft is not None:
+            return ft
+    return None

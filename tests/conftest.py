@@ -1,0 +1,137 @@
+"""Shared fixtures, and the two lanes of the suite.
+
+`make test-fast` runs the unit tests: no model loading, no subprocesses, no servers. Everything
+else is marked `integration` (subprocesses, servers, the real models) or `slow` (long runs), here
+by module or in the module itself, and runs in `make test`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from logdx.store import Database, open_db
+from logdx.testing import Clock
+
+TESTS = Path(__file__).resolve().parent
+
+# Tests never touch the user's data directory (database, spools, index), subprocesses included;
+# the converted model cache stays shared (the Makefile points LOGDX_LLM__CACHE_DIR at .cache/).
+os.environ.setdefault("LOGDX_DATA_DIR", tempfile.mkdtemp(prefix="logdx-tests-"))
+
+# Modules whose every test starts a subprocess or a server, or loads a real model.
+_INTEGRATION_MODULES = {
+    "test_api.py", "test_api_durability.py", "test_api_limits.py", "test_cli.py", "test_learning_loop.py",
+    "test_retrieval.py", "test_run.py", "test_scenarios.py",
+}
+# Fixtures that start a server or load a model: a test that uses one is an integration test.
+_INTEGRATION_FIXTURES = {"server", "chat", "converted", "scorer", "rx", "kube", "receiver", "pg_url"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in _INTEGRATION_MODULES or _INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+def _load_receiver() -> ModuleType:
+    """tests/fixtures/run/receiver.py: a real webhook receiver and a fake Kubernetes API on loopback
+    (one module, however many tests load it)."""
+    name = "logdx_test_receiver"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, TESTS / "fixtures" / "run" / "receiver.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def receiver() -> ModuleType:
+    """The receiver module: `receiver.Receiver()` (webhooks), `receiver.FakeKube(nodes=[...])`."""
+    return _load_receiver()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    d = open_db(tmp_path / "logdx.db")
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+# --- the servers a cluster runs on: PostgreSQL and NATS JetStream ------------------------------------
+# Every project machine runs them on loopback; a test that needs one is skipped, saying why, only
+# when it cannot be reached. TEST_POSTGRES_URL / TEST_NATS_URL point elsewhere.
+
+POSTGRES_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://127.0.0.1:5432/test")
+NATS_URL = os.environ.get("TEST_NATS_URL", "nats://127.0.0.1:4222")
+
+
+def postgres_unreachable() -> str | None:
+    try:
+        import psycopg
+
+        with psycopg.connect(POSTGRES_URL, connect_timeout=3):
+            return None
+    except Exception as e:
+        return f"PostgreSQL at {POSTGRES_URL} unreachable: {type(e).__name__}: {str(e).strip()[:200]}"
+
+
+def nats_unreachable() -> str | None:
+    import socket
+    from urllib.parse import urlparse
+
+    u = urlparse(NATS_URL)
+    try:
+        with socket.create_connection((u.hostname or "127.0.0.1", u.port or 4222), timeout=3) as sock:
+            sock.settimeout(3)
+            info = sock.recv(4096)
+        if b'"jetstream":true' not in info.replace(b" ", b""):
+            return f"NATS at {NATS_URL} runs without JetStream (start it with -js)"
+        return None
+    except OSError as e:
+        return f"NATS at {NATS_URL} unreachable: {e}"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL URL whose every table lives in a schema of this test's own (dropped after)."""
+    why = postgres_unreachable()
+    if why:
+        pytest.skip(why)
+    import uuid
+
+    import psycopg
+
+    schema = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in POSTGRES_URL else "?"
+    yield f"{POSTGRES_URL}{sep}options=-csearch_path%3D{schema}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.integration)])
+def backend_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    """The store on each backend (SQLite, PostgreSQL): a module whose tests run on both overrides
+    `db` with it."""
+    if request.param == "sqlite":
+        d = open_db(tmp_path / "logdx.db")
+    else:
+        d = open_db(request.getfixturevalue("pg_url"))
+    yield d
+    d.close()

@@ -1,0 +1,139 @@
+"""Blame only what the log shows: who the culprit is, on what grounds, and when that is enough to
+recommend cordoning a node (logdx/diagnose/culprit.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from logdx.config import load_settings
+from logdx.pipeline import Engine
+
+HOSTS = ("gpu-node-01", "gpu-node-02")
+PIDS = {r: 14400 + r for r in range(8)}  # each rank's process
+BUS = ("1b000", "3b000", "5d000", "8a000")
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    s = load_settings(env={})
+    s.llm.enabled = s.retrieval.enabled = False
+    return Engine.create(s)
+
+
+def diagnose(engine: Engine, lines: list[str], exit_code: int | None = 1):
+    session = engine.new_session()
+    session.feed_lines(lines)
+    return session.report(exit_code=exit_code)
+
+
+def job(failure: list[str], *, hosts: tuple[str, ...] = HOSTS, victims_abort: bool = True,
+        dead: tuple[int, ...] = ()) -> list[str]:
+    """A 2-node x 4-GPU torchrun job as pdsh/srun tee it: NCCL init naming host, pid and bus id of
+    every rank, training progress, then the failure lines, then the cascade on the other ranks."""
+    per = 4
+    ranks = range(per * len(hosts))
+    out = []
+    for r in ranks:
+        h, local = hosts[r // per], r % per
+        out.append(f"{h}:{PIDS[r]}:{PIDS[r]} [{local}] NCCL INFO Bootstrap : Using eth0:10.0.0.{10 + r // per}<0>")
+        out.append(f"{h}:{PIDS[r]}:{PIDS[r] + 7} [{local}] NCCL INFO comm 0x55d0a8c0 rank {r} nranks {len(ranks)} "
+                   f"cudaDev {local} busId {BUS[local]} commId 0x9f3c - Init COMPLETE")
+    for it in range(1, 40):
+        for r in ranks:
+            out.append(f"[rank{r}]:2025-06-03 09:{it // 60:02d}:{it % 60:02d},000 - INFO - iteration {it:>6}/ 10000 | "
+                       f"lm loss: {7 - it * 0.01:.4f} | grad norm: 1.{r} | tokens/s: 51234")
+        if it % 10 == 0:
+            out.append("[rank0]:2025-06-03 09:00:30,000 - WARNING - torch/nn/parallel/distributed.py: grad strides do not match bucket view strides")
+    out.extend(failure)
+    for r in (r for r in ranks if r not in dead):  # a dead rank times out on nothing
+        out.append(f"[rank{r}]:[E603 10:30:05.647482156 ProcessGroupNCCL.cpp:607] [Rank {r}] Watchdog caught collective "
+                   "operation timeout: WorkNCCL(SeqNum=7097, OpType=ALLREDUCE, NumelIn=33554432, NumelOut=33554432, "
+                   "Timeout(ms)=1800000) ran for 1800063 milliseconds before timing out.")
+    if victims_abort:
+        for r in ranks:
+            h, local = hosts[r // per], r % per
+            out.append(f"{h}: E0603 10:30:09.123000 1900 torch/distributed/elastic/multiprocessing/api.py:869] failed "
+                       f"(exitcode: -6) local_rank: {local} (pid: {PIDS[r]}) of binary: /usr/bin/python3")
+    return out
+
+
+XID_NO_HOST = "[Tue Jun  3 10:00:05 2025] NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=pt_main_thread, GPU has fallen off the bus."
+
+
+def test_a_hostless_xid_in_a_multi_node_job_blames_no_node(engine):
+    # The kernel line says neither host nor a pid of ours: every node has a GPU at 0000:3b:00, and the
+    # launcher lines nearby only name victims that aborted.
+    report = diagnose(engine, job([XID_NO_HOST.format(pid=99999)]))
+    assert (report.category, report.failure_type) == ("infrastructure", "gpu_fell_off_bus")
+    assert report.action == "restart"
+    assert report.culprits.hosts == []
+    assert any("restart, not cordon" in n for n in report.notes)
+
+
+def test_the_same_pid_links_a_hostless_xid_to_one_node(engine):
+    report = diagnose(engine, job([XID_NO_HOST.format(pid=PIDS[5])]))
+    assert report.action == "cordon_and_restart"
+    assert report.culprits.hosts == ["gpu-node-02"] and report.culprits.ranks == [5]
+    assert "pid" in report.culprits.basis
+
+
+def test_an_xid_printed_by_its_host_is_blamed_and_corroborated(engine):
+    xid = ("Jun  3 10:00:05 gpu-node-02 kernel: [ 8812.123456] NVRM: Xid (PCI:0000:3b:00): 79, pid=1911, "
+           "name=python, GPU has fallen off the bus.")
+    report = diagnose(engine, job([xid]))
+    assert report.action == "cordon_and_restart"
+    assert report.culprits.hosts == ["gpu-node-02"]
+    assert report.culprits.ranks == [5]  # the rank on that host's GPU 3b:00, from NCCL's init lines
+    assert report.culprits.corroborated
+
+
+@pytest.mark.parametrize("line", [
+    "srun: error: Node failure on gpu[001-512]",
+    "srun: error: Node failure on gpu-node-01,gpu-node-02",
+    "srun: error: Node failure on ALL",
+])
+def test_a_node_range_or_list_in_log_text_is_never_a_culprit(engine, line):
+    report = diagnose(engine, job([line]))
+    assert report.culprits.hosts == []
+    assert report.action != "cordon_and_restart"
+
+
+def test_a_host_named_in_text_must_be_one_of_the_jobs_hosts(engine):
+    report = diagnose(engine, job(["srun: error: Node failure on login-node-7"]))
+    assert "login-node-7" not in report.culprits.hosts
+    assert any("not one of the job's hosts" in n for n in report.notes)
+
+
+def test_a_single_node_log_blames_its_machine_without_naming_it(engine):
+    lines = [f"[rank{r}]: iteration {i} | loss 2.{i}" for i in range(5) for r in range(4)]
+    lines += [
+        "[rank2]: Traceback (most recent call last):",
+        '[rank2]:   File "/work/train.py", line 88, in <module>',
+        "[rank2]:     model.to(device)",
+        "[rank2]: RuntimeError: CUDA error: uncorrectable ECC error encountered",
+        "[rank0]: [W603 10:30:05 ProcessGroupNCCL.cpp:1168] Warning: process group has NOT been destroyed",
+    ]
+    report = diagnose(engine, lines)
+    assert (report.failure_type, report.action) == ("ecc_error", "cordon_and_restart")
+    assert report.culprits.hosts == [] and report.culprits.ranks == [2]
+
+
+ECC_RANK5 = ("[rank5]:[E603 10:00:05 ProcessGroupNCCL.cpp:1515] [PG 0 Rank 5] Process group watchdog thread "
+             "terminated with exception: CUDA error: uncorrectable ECC error encountered")
+
+
+def test_the_rank_that_died_while_the_others_timed_out_is_corroborated(engine):
+    report = diagnose(engine, job([ECC_RANK5], dead=(5,)))
+    assert (report.failure_type, report.action) == ("ecc_error", "cordon_and_restart")
+    assert report.culprits.ranks == [5]
+    assert report.culprits.hosts == ["gpu-node-02"]  # rank 5's own NCCL lines name its host
+    assert report.culprits.corroborated
+
+
+def test_a_name_nothing_else_points_at_is_not_corroborated(engine):
+    # Rank 5 is named, but it timed out like every other rank and stopped when they did: nothing
+    # beside the line itself says its machine is the bad one. The report may recommend the cordon;
+    # no actuator may carry it out on this alone.
+    report = diagnose(engine, job([ECC_RANK5]))
+    assert report.culprits.ranks == [5]
+    assert not report.culprits.corroborated
