@@ -168,14 +168,15 @@ def test_decoder_pieces_are_bounded_and_bombs_refused_early() -> None:
     """A 1 MB body of newlines inflates to ~1 GB: never more than a piece at a time, refused by its ratio."""
     bomb = gzip.compress(b"\n" * (1 << 30), 9)
     assert len(bomb) < 1_100_000
-    d = Decoder("gzip", 1 << 40, 1 << 40, 200)
-    largest = 0
-    with pytest.raises(ApiError) as e:
-        for i in range(0, len(bomb), 65536):
-            for piece in d.feed(bomb[i:i + 65536]):
-                largest = max(largest, len(piece))
-    assert e.value.status == 413 and e.value.code == "inflate_limit"
-    assert largest <= 1 << 20 and d.decoded < 20 << 20
+    for chunk in (65536, len(bomb)):  # the same few MB however the transport chunks the body
+        d = Decoder("gzip", 1 << 40, 1 << 40, 200)
+        largest = 0
+        with pytest.raises(ApiError) as e:
+            for i in range(0, len(bomb), chunk):
+                for piece in d.feed(bomb[i:i + chunk]):
+                    largest = max(largest, len(piece))
+        assert e.value.status == 413 and e.value.code == "inflate_limit"
+        assert largest <= 1 << 20 and d.decoded <= 6 << 20, (chunk, d.decoded)
     # one received chunk may not inflate past its own cap either
     d = Decoder("gzip", 1 << 40, 4 << 20, 1e9)
     with pytest.raises(ApiError) as e:

@@ -60,7 +60,7 @@ class InputSettings(_Section):
     max_inflated_chunk_bytes: int = Field(
         64 << 20, ge=1 << 20, description="what one received piece of a compressed body may inflate to (413 past it)")
     max_inflate_ratio: float = Field(
-        200.0, ge=10, description="past 16 MB decompressed, a body inflating more than this many times is refused (413)")
+        200.0, ge=10, description="past 4 MB decompressed, a body inflating more than this many times (of the input read so far) is refused (413)")
 
 
 class CompressSettings(_Section):

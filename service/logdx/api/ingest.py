@@ -6,7 +6,7 @@ Bounds (issue: a 1 MB gzip body of newlines once inflated to 9.8 GB of RSS):
 - a body is inflated `PIECE_BYTES` at a time, each piece parsed and spooled before the next is made,
   so memory does not grow with the body;
 - what one received chunk inflates to, and what the whole request inflates to, are capped
-  (`input.max_inflated_chunk_bytes`, `server.max_request_bytes`), and past 16 MB a body that inflates
+  (`input.max_inflated_chunk_bytes`, `server.max_request_bytes`), and past 4 MB a body that inflates
   more than `input.max_inflate_ratio` times is refused: 413 in each case;
 - the CPU time a request costs (decoding, parsing, spooling, applying) is capped
   (`server.max_request_cpu_s`): 429 with the lines applied so far.
@@ -30,7 +30,7 @@ from logdx.hosts import clean_hostname
 from logdx.normalize import Source
 
 PIECE_BYTES = 1 << 20  # inflate this much at a time
-_RATIO_AFTER = 16 << 20  # the inflate ratio is judged past this many inflated bytes
+_RATIO_AFTER = 4 << 20  # the inflate ratio is judged past this many inflated bytes: a bomb is refused early
 _STATUS = {"bad": 400, "too_large": 413, "unsupported": 415}
 
 
@@ -111,6 +111,7 @@ class Decoder:
         self.max_chunk_bytes = max_chunk_bytes
         self.max_ratio = max_ratio
         self.received = 0
+        self.unread = 0  # received bytes the inflater has not consumed yet
         self.decoded = 0
         self._z: Any = None
         self._head = b""
@@ -141,6 +142,7 @@ class Decoder:
         try:
             while data:
                 piece = self._z.decompress(data, PIECE_BYTES)
+                self.unread = len(self._z.unconsumed_tail) + len(self._z.unused_data)
                 from_chunk += len(piece)
                 if piece:
                     yield self._count(piece, from_chunk)
@@ -177,7 +179,9 @@ class Decoder:
             raise ApiError(413, "inflate_limit",
                            f"a piece of the body inflates to more than {self.max_chunk_bytes} bytes "
                            "(input.max_inflated_chunk_bytes): a compression bomb?")
-        if self.decoded > _RATIO_AFTER and self.decoded > self.max_ratio * max(1, self.received):
+        # judged on the input consumed, not received: however the transport chunks the body, a bomb
+        # is refused after the same few MB
+        if self.decoded > _RATIO_AFTER and self.decoded > self.max_ratio * max(1, self.received - self.unread):
             raise ApiError(413, "inflate_limit",
                            f"the body inflates more than {self.max_ratio:g} times (input.max_inflate_ratio): "
                            "a compression bomb?")

@@ -34,6 +34,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -274,7 +275,7 @@ def _fsync_dir(path: Path) -> None:
 def encode_runs(runs: list[tuple[Any, list[bytes]]]) -> tuple[list[list[Any]], bytes]:
     """A batch's runs as (meta, payload): per run [rank, host, ts, stream, n]; lines joined by LF."""
     meta = [[s.rank, s.host, s.ts, s.stream, len(lines)] for s, lines in runs]
-    payload = b"\n".join(line for _, lines in runs for line in lines)
+    payload = b"\n".join(chain.from_iterable(lines for _, lines in runs))  # C-level: a flood of lines stays cheap
     return meta, payload
 
 

@@ -97,7 +97,9 @@ class TextParser:
         parts = data.split(b"\n")
         tail = parts.pop()
         cap = self.cap
-        self._emit(batch, [p if len(p) <= cap else p[:cap] for p in parts])
+        if parts and len(data) > cap and max(map(len, parts)) > cap:  # map in C: a flood of short lines stays cheap
+            parts = [p if len(p) <= cap else p[:cap] for p in parts]
+        self._emit(batch, parts)
         if len(tail) > cap:
             self._pending, self._skipping = tail[:cap], True
         else:
