@@ -176,14 +176,26 @@ def test_truncated_gzip_is_one_line_and_exit_2(tmp_path):
     assert len(err.splitlines()) == 1 and "gzip" in err and "Traceback" not in err, err
 
 
+def _wait_reading_stdin(pid: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if Path(f"/proc/{pid}/syscall").read_text().startswith("0 0x0 "):  # read(0, ...)
+            return
+        time.sleep(0.05)
+    raise AssertionError("the CLI never got to read its standard input")
+
+
 def test_ctrl_c_on_stdin_is_one_line_and_exit_130():
     code = "import sys; from logdx.cli import diagnose_main; sys.exit(diagnose_main())"
+    # a shell's background job inherits SIGINT ignored (POSIX), and Python then keeps it ignored: give
+    # the child the terminal's default so the test means the same however the suite was started
     proc = subprocess.Popen([sys.executable, "-c", code, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=ENV)
+                            stderr=subprocess.PIPE, env=ENV,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdin is not None
     proc.stdin.write(ECC_LOG.encode())
     proc.stdin.flush()  # like `kubectl logs -f`: lines came, the stream stays open
-    time.sleep(3.0)  # imports done, reading stdin
+    _wait_reading_stdin(proc.pid)  # imports done, blocked reading fd 0 (however slow the machine)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -68,6 +70,45 @@ def test_embedding_model_loads_offline_once():
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
     v = a.encode(["NCCL WARN NET/IB : Got completion from peer <IP> with error 12"])
     assert v.shape == (1, 384) and abs(float((v * v).sum()) - 1.0) < 1e-4
+    assert a.runtime == "numpy"
+
+
+def test_embedding_a_line_imports_neither_torch_nor_sentence_transformers():
+    """Their import costs seconds per `diagnose` process; the default model runs in numpy."""
+    code = ("import sys; from logdx.diagnose.retrieval import load_embedder; load_embedder().encode(['x']); "
+            "print(sorted(m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_numpy_encoder_gives_sentence_transformers_vectors(tmp_path):
+    """Same weights, same vectors: the FAISS index built by either is one vector space. Lines of every
+    shape: short, long (truncated at the model's 256 tokens), unicode, a batch of mixed lengths."""
+    from sentence_transformers import SentenceTransformer
+
+    from logdx.diagnose.encoder import NumpyBertEncoder, numpy_compatible
+    from logdx.diagnose.retrieval import _default_model_path
+
+    path, _ = _default_model_path()
+    texts = [
+        "NCCL WARN NET/IB : Got completion from peer <IP> with error 12",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total)",
+        "[rank3]:   File \"/workspace/train.py\", line 212, in <module>",
+        "ValueError: Undefined dataset alpaca_en_demo.json in dataset_info.json. — données ünïcödé 数据集",
+        "x",
+        " ".join(f"tok{i}" for i in range(600)),
+    ]
+    ours = NumpyBertEncoder(path).encode(texts)
+    theirs = SentenceTransformer(str(path), device="cpu").encode(texts, normalize_embeddings=True)
+    assert ours.shape == theirs.shape == (len(texts), 384)
+    assert float((ours * theirs).sum(axis=1).min()) > 0.9999
+    # a folder of another shape (CLS pooling here) is left to sentence-transformers
+    other = tmp_path / "cls-model"
+    shutil.copytree(path, other)
+    (other / "1_Pooling" / "config.json").write_text(
+        '{"word_embedding_dimension": 384, "pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false}')
+    assert numpy_compatible(path) and not numpy_compatible(other)
+    assert load_embedder(other).runtime == "sentence-transformers"
 
 
 def test_similar_failure_finds_the_right_incident(retriever):

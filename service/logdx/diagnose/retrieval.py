@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from logdx.config import RetrievalSettings
+from logdx.diagnose.encoder import NumpyBertEncoder, numpy_compatible
 from logdx.diagnose.fusion import format_neighbour_evidence
 from logdx.incidents import Incident, IncidentStore
 from logdx.model import Action, Category, Evidence, FailureContext, Label, StageVote
@@ -89,16 +90,19 @@ _STRENGTH_LO, _STRENGTH_HI = 0.3, 0.95
 
 @dataclass(slots=True)
 class Embedder:
-    model: Any  # sentence_transformers.SentenceTransformer
+    model: Any  # NumpyBertEncoder, or sentence_transformers.SentenceTransformer for other model shapes
     model_id: str  # recorded in the index sidecar: another model means another vector space
     dim: int
     load_seconds: float
+    runtime: str = "numpy"  # "numpy" or "sentence-transformers"
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        from logdx.diagnose.threads import auto_threads, torch_threads
-
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        if self.runtime == "numpy":
+            return np.ascontiguousarray(self.model.encode(list(texts)), dtype=np.float32)
+        from logdx.diagnose.threads import auto_threads, torch_threads
+
         with torch_threads(auto_threads()):  # 1 thread on a busy machine: see auto_threads
             vecs = self.model.encode(
                 list(texts), batch_size=32, normalize_embeddings=True, convert_to_numpy=True,
@@ -122,7 +126,8 @@ def _default_model_path() -> tuple[Path, str]:
 
 
 def load_embedder(model_path: Path | None = None) -> Embedder:
-    """The sentence-transformers model, loaded once per process and path (thread-safe)."""
+    """The sentence-transformers model, loaded once per process and path (thread-safe): run in numpy
+    when it is a plain BERT with mean pooling (the default model is), else by sentence-transformers."""
     if model_path is None:
         path, model_id = _default_model_path()
     else:
@@ -135,17 +140,24 @@ def load_embedder(model_path: Path | None = None) -> Embedder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         t0 = time.perf_counter()
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # a CLI's stderr is for the user, not for weight loading bars
-
-        model = SentenceTransformer(str(path), device="cpu")
-        dim_fn = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
-        emb = Embedder(model, model_id, int(dim_fn()), time.perf_counter() - t0)
-        log.info("loaded embedding model %s in %.2fs", model_id, emb.load_seconds)
+        if numpy_compatible(path):
+            encoder = NumpyBertEncoder(path)
+            emb = Embedder(encoder, model_id, encoder.dim, time.perf_counter() - t0, "numpy")
+        else:
+            emb = _sentence_transformer(path, model_id, t0)
+        log.info("loaded embedding model %s (%s) in %.2fs", model_id, emb.runtime, emb.load_seconds)
         _EMBEDDERS[key] = emb
         return emb
+
+
+def _sentence_transformer(path: Path, model_id: str, t0: float) -> Embedder:
+    from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a CLI's stderr is for the user, not for weight loading bars
+    model = SentenceTransformer(str(path), device="cpu")
+    dim_fn = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    return Embedder(model, model_id, int(dim_fn()), time.perf_counter() - t0, "sentence-transformers")
 
 
 # --- the vote ------------------------------------------------------------------------------------
