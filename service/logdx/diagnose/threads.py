@@ -1,4 +1,4 @@
-"""Torch thread helpers shared by the model stages (retrieval's embeddings, the embedded LLM)."""
+"""Thread helpers shared by the model stages (retrieval's embeddings, the embedded LLM): torch and BLAS."""
 
 from __future__ import annotations
 
@@ -42,3 +42,15 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(prev)
+
+
+@contextmanager
+def blas_threads(n: int) -> Iterator[None]:
+    """Run numpy's BLAS with ``n`` threads, then restore (see auto_threads for why fewer can be faster)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # optional: without it BLAS keeps its own default
+        yield
+        return
+    with threadpool_limits(limits=n, user_api="blas"):
+        yield
