@@ -137,3 +137,41 @@ def test_a_name_nothing_else_points_at_is_not_corroborated(engine):
     report = diagnose(engine, job([ECC_RANK5]))
     assert report.culprits.ranks == [5]
     assert not report.culprits.corroborated
+
+
+PBS_MAIL = [
+    "PBS Job Id: 81234.pbs-server.cluster.local",
+    "Job Name:   llama-ft",
+    "Exec host:  {exec_host}",
+    "Aborted by PBS Server",
+    "job preempted (node failure)",
+]
+
+
+def test_a_job_its_scheduler_ran_on_one_node_links_a_hostless_failure_to_it(engine):
+    """PBS's mail names the job's allocation: one node, so "node failure" is that node's, named but
+    not corroborated (the name comes from text: the cluster policy still asks for a second signal)."""
+    r = diagnose(engine, [line.format(exec_host="gpu-2-17/5") for line in PBS_MAIL])
+    assert (r.category, r.failure_type) == ("infrastructure", "node_failure")
+    assert r.culprits.hosts == ["gpu-2-17"] and "allocated" in r.culprits.basis
+    assert r.action == "cordon_and_restart" and not r.culprits.corroborated
+
+
+@pytest.mark.parametrize("exec_host", ["gpu-2-17/0*8+gpu-2-18/0*8", "gpu-2-[17-18]", "$(reboot)/0"])
+def test_an_allocation_of_several_nodes_or_no_plain_name_links_nothing(engine, exec_host):
+    r = diagnose(engine, [line.format(exec_host=exec_host) for line in PBS_MAIL])
+    assert r.failure_type == "node_failure" and r.culprits.hosts == []
+
+
+@pytest.mark.parametrize("spec, hosts", [
+    ("gpu-2-17/5", ["gpu-2-17"]),
+    ("n1/0*8+n1/1*8+n2/0*8", ["n1", "n2"]),  # qstat -f exec_host: slots of a host count once
+    ("node[01-03,07],login1", ["node01", "node02", "node03", "node07", "login1"]),  # Slurm hostlist
+    ("<8*hostA>, <8*hostB>, in queue <normal>, as user <alice>", ["hostA", "hostB"]),  # LSF job report
+    ("gpu[1-x]", []),
+    ("$(reboot)", []),
+])
+def test_allocation_specs_of_each_scheduler(spec, hosts):
+    from logdx.compress import allocation_hosts
+
+    assert allocation_hosts(spec) == hosts

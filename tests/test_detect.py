@@ -184,3 +184,27 @@ def test_a_line_with_its_own_timestamp_is_not_the_message_going_on():
     tb = next(e for e in _events(lines) if e.kind == "traceback")
     assert tb.exception_message == "You must call wandb.init() before wandb.plot_table()"
     assert not any("exitcode" in r.text or "%|" in r.text for r in tb.lines)
+
+
+def test_an_exception_class_glued_to_another_writers_line_is_read_with_its_message():
+    """Two ranks writing one stream unbuffered: the closing line's class ends up glued to the end
+    of the other rank's line, and its ": message" starts the next line."""
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "/app/src/train.py", line 23, in <module>',
+        "    launch()",
+        '  File "/app/src/data/parser.py", line 107, in get_dataset_list',
+        'raise ValueError("Undefined dataset {} in {}.".format(name, DATA_CONFIG))ValueError',
+        ": Undefined dataset alpaca_en_demo.json in dataset_info.json.ValueError",
+        ": Undefined dataset alpaca_en_demo.json in dataset_info.json.",
+    ]
+    tb = [e for e in _events(lines) if e.kind == "traceback"]
+    assert len(tb) == 1
+    assert tb[0].exception_type == "ValueError"
+    assert tb[0].exception_message == "Undefined dataset alpaca_en_demo.json in dataset_info.json."
+    assert tb[0].anchor.text.startswith(": Undefined dataset")
+    # a glued class with no ": message" after it is still the exception, anchored where it was read
+    cut = [e for e in _events(lines[:5] + ["[rank0] step 12 loss 1.23"]) if e.kind == "traceback"]
+    assert cut[0].exception_type == "ValueError" and cut[0].anchor.text.startswith("raise ValueError")
+    ended = [e for e in _events(lines[:5]) if e.kind == "traceback"]
+    assert ended[0].exception_type == "ValueError"

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from drain3.drain import Drain
 
 from logdx.config import CompressSettings
+from logdx.hosts import clean_hostname
 from logdx.model import CompressionSummary, KeptLine, Record, TemplateStats
 from logdx.patterns import (
     MASK,
@@ -87,6 +88,12 @@ _TRACEBACK_START_BYTES = TRACEBACK_START.encode()
 _MPICH_RANK_HOST = re.compile(r"\[Rank (\d+)\] \[job id [^\]]*\] \[[^\]]*\] \[([A-Za-z][\w.-]*)\]")
 _BOX_HOST = re.compile(r"^\s*host\s+: ([A-Za-z][\w.-]*)\s*$")
 _BOX_RANK = re.compile(r"^\s*rank\s+: (\d+) \(local_rank")
+# The job's allocation as its scheduler prints it: PBS/Torque mail "Exec host: n1/0+n2/0", qstat -f
+# "exec_host = n1/0*8+n2/0*8", Slurm "SLURM_JOB_NODELIST=n[01-04]" / scontrol "NodeList=n1", LSF's
+# job report "Job was executed on host(s) <8*n1>, <8*n2>, in queue <gpu>".
+_ALLOCATION = re.compile(
+    r"(?:\bExec host:|\bexec_host = |\bSLURM_(?:JOB_)?NODELIST=|\bNodeList=|\bexecuted on host\(s\) )\s*(.+)")
+_MAX_ALLOCATION = 4096
 _NCCL_COMM = re.compile(r"NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nr?[Rr]anks \d+ cudaDev (\d+)(?: nvmlDev \d+)? busId ([0-9a-fA-F]+)")
 # Matched at the position of the word "loss": "loss 2.31", "lm loss: 2.3E+00", "loss=nan".
 _LOSS_VALUE = re.compile(r"loss\b['\"]?[\s:=|]+(nan|-?inf|[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.IGNORECASE)
@@ -308,6 +315,7 @@ class Compressor:
         self._max_rank = -1
         self._hosts: set[str] = set()
         self._rank_hosts: dict[int, str] = {}
+        self._allocated: list[str] | None = None  # the job's nodes, from the scheduler's own lines
         self._box_host: str | None = None  # the "host :" of a torchrun error box, until its "rank :"
         self._gpu_ranks: dict[str, int] = {}
         self._first_ts: float | None = None
@@ -383,7 +391,8 @@ class Compressor:
             # value, not by word, so Megatron's "number of nan iterations: 0" stays progress.)
             progress=not error and _has_progress_word(masked),
             topology=("NCCL INFO comm" in masked and "busId" in masked) or "[Rank <*>] [job id" in masked
-            or _BOX_HOST.match(text) is not None or _BOX_RANK.match(text) is not None,
+            or _BOX_HOST.match(text) is not None or _BOX_RANK.match(text) is not None
+            or _ALLOCATION.search(text) is not None,
         )
         shape.stats = stats
         shape.loss = b"loss" in key or b"Loss" in key
@@ -467,7 +476,12 @@ class Compressor:
         self._max_rank = max(self._max_rank, rank)
 
     def _note_named_rank_host(self, text: str) -> bool:
-        """A line that names a rank and its host in words (not NCCL's init line); True if it was one."""
+        """A line that names a rank and its host in words (not NCCL's init line), or the job's
+        allocation; True if it was one."""
+        if (m := _ALLOCATION.search(text)) is not None:
+            if self._allocated is None:  # the first statement of the allocation counts
+                self._allocated = allocation_hosts(m.group(1))
+            return True
         if (m := _BOX_HOST.match(text)) is not None:
             self._box_host = m.group(1)
             return True
@@ -736,7 +750,47 @@ class Compressor:
             step_interval_s=intervals[len(intervals) // 2] if intervals else None,
             rank_hosts=dict(self._rank_hosts),
             gpu_ranks=dict(self._gpu_ranks),
+            allocated_hosts=list(self._allocated or []),
         )
+
+
+def allocation_hosts(spec: str) -> list[str]:
+    """The hosts of an allocation as a scheduler writes it ("n1/0+n2/0*8", "n[01-03,07],m5",
+    "<8*n1>, <n2>, in queue <q>"); [] when any part of it is not a plain host name."""
+    spec = spec.strip()
+    if spec.startswith("<"):  # LSF
+        parts = re.findall(r"<(?:\d+\*)?([^>]+)>", spec.split(" in queue", 1)[0])
+    elif "+" in spec or "/" in spec:  # PBS: host/slot[*count] joined by +
+        parts = [p.split("/", 1)[0] for p in spec.split()[0].split("+")]
+    else:  # Slurm hostlist
+        parts = _expand_hostlist(spec.split()[0].rstrip(",;"))
+    hosts: list[str] = []
+    for part in parts:
+        host = clean_hostname(part.strip())
+        if host is None or len(hosts) >= _MAX_ALLOCATION:
+            return []
+        if host not in hosts:
+            hosts.append(host)
+    return hosts
+
+
+def _expand_hostlist(expr: str) -> list[str]:
+    """Slurm's hostlist syntax, one bracket group per name: "gpu[01-03,07],login1"."""
+    names: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?([^,\[]*)", expr):
+        prefix, ranges, suffix = m.group(1), m.group(2), m.group(3)
+        if ranges is None:
+            names.append(prefix + suffix)
+            continue
+        for r in ranges.split(","):
+            lo, _, hi = r.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                return [expr]  # not a hostlist this reads: left to clean_hostname to refuse
+            for n in range(int(lo), int(hi or lo) + 1):
+                names.append(f"{prefix}{n:0{len(lo)}d}{suffix}")
+                if len(names) > _MAX_ALLOCATION:
+                    return names
+    return names
 
 
 def _common_template(templates: list[list[str]]) -> list[str]:

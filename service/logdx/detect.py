@@ -16,6 +16,7 @@ from logdx.patterns import (
     CHAINED,
     ORIGINAL_TRACEBACK,
     TRACEBACK_START,
+    GLUED_EXCEPTION,
     exception_line,
     is_traceback_body,
     strip_traceback_prefix,
@@ -63,6 +64,7 @@ class _OpenTraceback:
     closed: bool = False
     continuation_left: int = 0
     prefix: str = ""  # what the logger writes before each traceback line
+    glued: str | None = None  # the exception class glued to the closing line; its ": message" is next
 
 
 @dataclass
@@ -99,6 +101,10 @@ class Detector:
 
     def finish(self, summary: CompressionSummary, last_progress: Record | None = None) -> list[Event]:
         """Close what is still open and look at the stream as a whole (stalls)."""
+        for tb in self._open.values():
+            if tb.glued is not None:  # the stream ended on a closing line with a glued class
+                tb.event.exception_type, tb.event.exception_message = tb.glued, ""
+                tb.event.anchor = tb.event.lines[-1]
         out = [tb.event for tb in self._open.values() if not tb.closed]
         self._open.clear()
         stall = self._stall_event(summary, last_progress)
@@ -135,6 +141,8 @@ class Detector:
             # A stray exception or continuation without a header we saw: stand-alone line event.
             return self._count([self._line_event(rec)]) if exception_line(text) else []
         text = strip_traceback_prefix(text, tb.prefix)
+        if tb.glued is not None:
+            return self._unglue(key, tb, rec, text)
         if tb.closed:
             return self._continue_message(key, tb, rec, text)
         tb.event.lines.append(rec)
@@ -190,11 +198,33 @@ class Detector:
             ev.anchor = rec
             tb.continuation_left = _CONTINUATION_LINES
             self._last_raised[tb.event.anchor.source_key] = ev
+        elif (g := GLUED_EXCEPTION.search(text.rstrip())) is not None:
+            tb.closed, tb.glued = False, g.group("type")  # wait for the next line: its ": message"?
+            return []
         else:
             # A traceback cut off (the log was truncated, or another tool's output followed).
             ev.anchor = ev.lines[-2] if len(ev.lines) > 1 else ev.lines[0]
             ev.lines.pop()
         return self._count([ev])
+
+    def _unglue(self, key: str, tb: _OpenTraceback, rec: Record, text: str) -> list[Event]:
+        """The line after a closing line with a glued class: ": message" completes the exception
+        (a class glued to its own end is the next writer's, dropped); anything else means the
+        exception had no message, and the line is read as usual."""
+        ev, glued = tb.event, tb.glued
+        tb.glued, tb.closed = None, True
+        ev.exception_type = glued
+        self._last_raised[ev.anchor.source_key] = ev
+        stripped = text.strip()
+        if stripped.startswith(":"):
+            ev.exception_message = GLUED_EXCEPTION.sub("", stripped[1:].strip()).strip()
+            ev.anchor = rec
+            ev.lines.append(rec)
+            tb.continuation_left = _CONTINUATION_LINES
+            return self._count([ev])
+        ev.exception_message = ""
+        ev.anchor = ev.lines[-1]
+        return self._count([ev]) + self._traceback_line(key, rec)
 
     def _continue_message(self, key: str, tb: _OpenTraceback, rec: Record, text: str) -> list[Event]:
         ev = tb.event
@@ -203,6 +233,7 @@ class Detector:
         # exception is the next record, whatever it printed next to it.
         looks_like_record = (
             (not text) or text.startswith("[") or rec.ts is not None or "%|" in text or bool(exception_line(text))
+            or text.startswith(": ")  # another writer's glued exception message (see _unglue)
         )
         if tb.continuation_left > 0 and ev.exception_type and not looks_like_record:
             tb.continuation_left -= 1

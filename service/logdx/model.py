@@ -109,6 +109,9 @@ class CompressionSummary:
     # Which rank drove which GPU, from NCCL's init lines: keys "host|bus:<busId>", "host|pid:<pid>",
     # "host|dev:<cuda device>". How a kernel Xid (host, PCI address, pid) is traced to a rank.
     gpu_ranks: dict[str, int] = field(default_factory=dict)
+    # The job's nodes as its scheduler printed them (PBS "Exec host:", Slurm SLURM_JOB_NODELIST, LSF
+    # "executed on host(s)"): a job on exactly one node links a line without a host to that node.
+    allocated_hosts: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)

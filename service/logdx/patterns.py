@@ -59,6 +59,10 @@ EXCEPTION_LINE = re.compile(
     rf"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*{_EXC_SUFFIX}\w*|KeyboardInterrupt|SystemExit|StopIteration"
     rf"|(?:[a-z_]\w*\.)+{_CAMEL}|socket\.(?:timeout|gaierror|herror|error))(?::\s?(?P<msg>.*))?$"
 )
+# Two processes writing one stream: a traceback's closing line gets glued to the end of another
+# line ('raise ValueError(msg)ValueError', 'in dataset_info.json.ValueError') and its ": message"
+# starts the next line. The class is recognised only where it is glued to what came before.
+GLUED_EXCEPTION = re.compile(rf"(?<=[\w)\]'\".])(?P<type>[A-Z]\w*{_EXC_SUFFIX})$")
 _ANY_EXCEPTION_LINE = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*)(?::\s?(?P<msg>.*))?$")
 
 

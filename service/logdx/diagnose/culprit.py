@@ -2,7 +2,8 @@
 
 A culprit host comes from the root line itself (its own prefix, the stream it arrived on, or a host
 it names), or from an explicit link: the rank's own lines name its host, the same pid, a GPU address
-that exists on exactly one host of the job, the silent or lagging rank of a hang. It is never
+that exists on exactly one host of the job, the silent or lagging rank of a hang, a job its
+scheduler ran on one node only (PBS "Exec host:", SLURM_JOB_NODELIST, LSF "executed on host(s)"). It is never
 borrowed from a nearby line of another process: a victim's "failed (exitcode: -6)" names the victim.
 Every name is checked to be one plain host name, and one of the job's hosts when the job shows any.
 
@@ -55,6 +56,9 @@ def _from_root(winner: Finding, findings: Sequence[Finding], summary: Compressio
         host, basis = _checked(summary.rank_hosts[rank], summary, out, trusted=True), "the rank's own lines name its host"
     if host is None and rank is None:
         host, rank, basis = _linked(winner, findings, summary)
+    if host is None and len(summary.allocated_hosts) == 1:
+        host = _checked(summary.allocated_hosts[0], summary, out, trusted=False)
+        basis = "the job's only node, as its scheduler allocated it" if host else basis
     if host is not None and rank is None:
         rank = _rank_on_host(host, hit.gpu, winner.event, summary)
     ranks = set(winner.ranks) | ({rank} if rank is not None else set())
