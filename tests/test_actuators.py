@@ -326,7 +326,8 @@ def test_the_same_diagnosis_is_acted_on_once_whatever_its_line_number(kube, tmp_
 
 
 def _xid13(host: str, pid: int) -> Report:
-    return make_report(hosts=(host,), failure_type="cuda_error", action="restart", confidence=0.6,
+    return make_report(hosts=(host,), category="framework", failure_type="framework_error", action="no_restart",
+                       confidence=0.6,
                        culprits=Culprits(hosts=[host], ranks=[3], gpus=["0000:3b:00"], corroborated=True,
                                          basis="the root line's own host"),
                        root_cause=RootCause(line_no=9, host=host, text=f"{host} kernel: NVRM: Xid (PCI:0000:3b:00): "

@@ -193,3 +193,35 @@ def test_a_missing_environment_variable_is_the_callers_mistake(engine):
     )]
     report = diagnose(engine, lines, exit_code=1)
     assert (report.category, report.failure_type) == ("script", "key_error")
+
+
+def _illegal_access(rank: int, t: str = "12:20:01") -> list[str]:
+    return [f"[rank{rank}]:2024-05-01 {t},000 - ERROR - Traceback (most recent call last):",
+            f'[rank{rank}]:  File "/workspace/kernels/rope.py", line 88, in fused_rope',
+            f"[rank{rank}]:    torch.cuda.synchronize()",
+            f'[rank{rank}]:  File "/usr/local/lib/python3.10/dist-packages/torch/cuda/__init__.py", line 985, in synchronize',
+            f"[rank{rank}]:    return torch._C._cuda_synchronize()",
+            f"[rank{rank}]:RuntimeError: CUDA error: an illegal memory access was encountered"]
+
+
+@pytest.mark.parametrize("xid_first", [True, False])
+def test_a_cuda_fault_the_gpu_calls_the_applications_is_not_the_machines(engine, xid_first):
+    """Xid 13 (out-of-range address) beside an illegal memory access: the kernel's bug, replayed by
+    any restart. The application's own error line is the root line, whichever was printed first."""
+    xid = ("node-02: [Wed May  1 12:20:00 2024] NVRM: Xid (PCI:0000:3b:00): 13, pid=88123, name=python, "
+           "Graphics SM Warp Exception on (GPC 1, TPC 2, SM 0): Out Of Range Address")
+    fault = _illegal_access(3)
+    lines = [progress(r, 1) for r in range(8)] + ([xid, *fault] if xid_first else [*fault, xid])
+    lines += [watchdog(r, t="12:50:00") for r in range(8) if r != 3]
+    report = diagnose(engine, lines, exit_code=1)
+    assert (report.category, report.action) == ("framework", "no_restart"), report.explanation
+    assert "illegal memory access" in report.root_cause.text
+    assert report.hint.startswith("Xid 13 on GPU 0000:3b:00")
+
+
+def test_an_illegal_memory_access_alone_or_after_a_hardware_xid_stays_infrastructure(engine):
+    alone = diagnose(engine, [progress(r, 1) for r in range(8)] + _illegal_access(3), exit_code=1)
+    assert (alone.category, alone.failure_type, alone.action) == ("infrastructure", "cuda_error", "restart")
+    xid79 = "node-02: [Wed May  1 12:20:02 2024] NVRM: Xid (PCI:0000:3b:00): 79, pid=88123, name=python, GPU has fallen off the bus."
+    bus = diagnose(engine, [progress(r, 1) for r in range(8)] + _illegal_access(3) + [xid79], exit_code=1)
+    assert (bus.category, bus.failure_type) == ("infrastructure", "gpu_fell_off_bus")

@@ -119,7 +119,9 @@ def test_every_listed_xid_has_its_own_rule(rules: RuleSet, xid: int) -> None:
 @pytest.mark.parametrize(
     ("xid", "failure_type", "action", "role"),
     [
-        (13, "cuda_error", Action.RESTART, Role.ROOT_CAUSE),
+        # NVIDIA: an application error (out-of-range access); a restart replays the same kernel
+        (13, "framework_error", Action.NO_RESTART, Role.ROOT_CAUSE),
+        (31, "framework_error", Action.NO_RESTART, Role.ROOT_CAUSE),
         (43, "cuda_error", Action.RESTART, Role.SYMPTOM),
         (45, "cuda_error", Action.RESTART, Role.SYMPTOM),
         (48, "ecc_error", Action.CORDON_AND_RESTART, Role.ROOT_CAUSE),

@@ -6,7 +6,8 @@ A node is cordoned (or, in `logdx run`, excluded from the next launch) only when
 
 - the diagnosis is a failure of category infrastructure whose recommended action is
   `cordon_and_restart` (the log blames exactly one machine), or repeated events on one GPU
-  escalate it (`actions.escalate`);
+  escalate it (`actions.escalate`; an application-class Xid such as 13 is the job's once and the
+  GPU's when it keeps coming back, whatever category each report had);
 - it is not a time limit or a preemption (the taxonomy's `resubmit` types never cordon);
 - the culprit hosts are named and each is one plain, valid host name (never a range or a list);
 - the attribution is corroborated (the host printed the fault itself, or the blamed rank stopped);
@@ -69,7 +70,8 @@ def cordon_refusal(report: Report, settings: ActionsSettings, escalated: str = "
     says why repeated events make a non-fatal one worth a cordon (see `NodeBook.escalation`)."""
     if report.status != "failed":
         return "healthy report"
-    if report.category != "infrastructure":
+    if report.category != "infrastructure" and not escalated:
+        # (an application-class Xid that keeps coming back on one GPU is the GPU's: escalated)
         return f"category {report.category}: only infrastructure failures act on nodes"
     if is_resubmit(report.failure_type):
         return f"{report.failure_type}: the scheduler ended the job; resubmit from the last checkpoint, never cordon"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from logdx.diagnose.culprit import attribute
 from logdx.diagnose.origin import locate
@@ -172,7 +172,7 @@ def _choose(findings: list[Finding], summary: CompressionSummary) -> tuple[Findi
     if roots:
         fatal = [f for f in roots if not _kept_training_after(f.event, summary)] or roots
         winner = _graver_explanation(_earliest(fatal), fatal, summary)
-        return _named_report(winner, fatal), Role.ROOT_CAUSE
+        return _application_fault(_named_report(winner, fatal), fatal, summary), Role.ROOT_CAUSE
     # Generic evidence (an error no precise rule names) that its own process trained past was
     # survived: a caught exception, a warning-level "error:". Only what training did not outlive counts.
     fallbacks = [f for f in findings if f.hit.role == Role.FALLBACK and not _trained_past(f.event, summary)]
@@ -210,6 +210,32 @@ def _graver_explanation(winner: Finding, roots: list[Finding], summary: Compress
         and (_soon_after(winner.event, f.event) or _same_host(winner, f, summary))
     ]
     return _earliest(graver) if graver else winner
+
+
+def _application_fault(winner: Finding, roots: list[Finding], summary: CompressionSummary) -> Finding:
+    """A CUDA fault that the GPU itself calls the application's (an Xid the rules label as not
+    infrastructure: 13, an out-of-range access; 31, an MMU fault) is the program's bug, not the
+    machine's, and a restart replays it. Whichever of the two came first, the application's own
+    error line is the root line (its traceback says where), with the Xid's label."""
+    def app_xid(f: Finding) -> bool:
+        return f.event.kind == "xid" and f.hit.label.category != Category.INFRASTRUCTURE
+
+    def cuda_fault(f: Finding) -> bool:
+        return f.hit.label.failure_type == "cuda_error"
+
+    if not (app_xid(winner) or cuda_fault(winner)):
+        return winner
+    partner = [
+        f for f in roots
+        if f is not winner and (cuda_fault(f) if app_xid(winner) else app_xid(f))
+        and (_near(winner.event, f.event) or _same_host(winner, f, summary))
+    ]
+    if not partner:
+        return winner
+    other = _earliest(partner)
+    cuda, xid = (other, winner) if app_xid(winner) else (winner, other)
+    return replace(cuda, hit=replace(cuda.hit, label=xid.hit.label, hint=xid.hit.hint, hint_rule=xid.hit.rule_id,
+                                     groups={**xid.hit.groups, **cuda.hit.groups}))
 
 
 def _named_report(winner: Finding, roots: list[Finding]) -> Finding:
@@ -281,7 +307,7 @@ def _hint(winner: Finding | None, rules: RuleSet, hosts: list[str], ranks: list[
     may name only a rank, or only a PCI address)."""
     if winner is None:
         return ""
-    rule = rules.by_id.get(winner.hit.rule_id)
+    rule = rules.by_id.get(winner.hit.hint_rule or winner.hit.rule_id)
     if rule is None or not rule.hint:
         return winner.hit.hint
     groups = dict(winner.hit.groups)

@@ -84,6 +84,7 @@ class RuleHit:
     groups: dict[str, str]
     hint: str
     event: Event
+    hint_rule: str | None = None  # whose hint applies when another rule's label was borrowed
 
     @property
     def source(self) -> str:
