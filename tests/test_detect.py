@@ -208,3 +208,17 @@ def test_an_exception_class_glued_to_another_writers_line_is_read_with_its_messa
     assert cut[0].exception_type == "ValueError" and cut[0].anchor.text.startswith("raise ValueError")
     ended = [e for e in _events(lines[:5]) if e.kind == "traceback"]
     assert ended[0].exception_type == "ValueError"
+
+
+def test_a_stray_exception_lines_message_goes_on_over_wrapped_lines():
+    """An exception printed without its traceback (a log excerpt, a terminal that wrapped it): the
+    next plain lines are its message, until a logger's own record starts."""
+    lines = [
+        "ImportError: /env/lib/python3.11/site-packages/flash_attn_2_cuda.cpython-311-x86_64-linux-gnu.so: undefined",
+        "symbol: _ZN3c104cuda9SetDeviceEi",
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 (pid: 1274) of binary: /env/bin/python",
+    ]
+    events = _events(lines)
+    [exc] = [e for e in events if e.exception_type == "ImportError"]
+    assert exc.exception_message.endswith("undefined symbol: _ZN3c104cuda9SetDeviceEi")
+    assert any(e.kind == "signal_exit" for e in events)  # the launcher's line is its own event

@@ -26,6 +26,7 @@ from logdx.patterns import (
     MASK,
     PARAM,
     TRACEBACK_START,
+    exception_line,
     is_traceback_body,
     pci_key,
     strip_traceback_prefix,
@@ -515,7 +516,7 @@ class Compressor:
         if src.after_exception:
             text = strip_traceback_prefix(text, src.tb_prefix)
             src.after_exception -= 1
-            if text and not text[0].isspace() and self._room():
+            if text and not text[0].isspace() and TRACEBACK_START not in text and self._room():
                 return "traceback"
             src.after_exception = 0
         if TRACEBACK_START in text:
@@ -528,6 +529,8 @@ class Compressor:
             # Lines that never repeat share one template: its quota would let a flood hide the one
             # real error among them, so only the overall budget bounds them.
             if (stats.kept < self.config.kept_per_error_template or stats.template_id == -3) and self._room():
+                if exception_line(text):  # a stray exception line: its message may go on, as after a traceback
+                    src.after_exception = 3
                 return "error"
             return None
         if stats.count <= self.config.first_lines_per_template and self._room(soft=True):

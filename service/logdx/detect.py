@@ -33,6 +33,8 @@ _EXITCODE = re.compile(r"exitcode\s*:\s*(?P<code>-?\d+)|Signal (?P<sig>\d+) \((?
 _PID = re.compile(r"\(pid:? (\d+)\)|\bpid[= ](\d+)")
 _LOSS = re.compile(r"\bloss\b['\"]?[\s\w/]{0,20}?[\s:=|]+\s*(?P<v>nan|-?inf|[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.I)
 _CONTINUATION_LINES = 3
+_LOGGER_ERROR = re.compile(r"(?:CRITICAL|ERROR)\b[:\s]")
+_LOGGER_LEVEL = re.compile(r"(?:CRITICAL|ERROR|WARNING|WARN|INFO|DEBUG)\b[:\s]")
 # No watchdog lets a job hang this long: a "gap" that size is two clocks disagreeing, not a stall.
 _CLOCK_JUMP_S = 2 * 86400.0
 _BOX = ("│", "┃", "╭", "╰", "┏", "┗")
@@ -94,7 +96,10 @@ class Detector:
             del self._open[key]
         if kept.reason == "error" and not rec.text.startswith(_BOX):
             # A box-drawn line is source code quoted by a rich traceback, not something that happened.
-            out.append(self._line_event(rec))
+            ev = self._line_event(rec)
+            if ev.exception_type:  # a stray exception line: its message may go on, as after a traceback
+                self._open[key] = _OpenTraceback(event=ev, closed=True, continuation_left=_CONTINUATION_LINES)
+            out.append(ev)
         elif kept.reason == "loss":
             out.append(self._loss_event(rec))
         return self._count(out)
@@ -234,6 +239,7 @@ class Detector:
         looks_like_record = (
             (not text) or text.startswith("[") or rec.ts is not None or "%|" in text or bool(exception_line(text))
             or text.startswith(": ")  # another writer's glued exception message (see _unglue)
+            or _LOGGER_LEVEL.match(text) is not None  # "ERROR:torch.distributed...": a logger's next record
         )
         if tb.continuation_left > 0 and ev.exception_type and not looks_like_record:
             tb.continuation_left -= 1
@@ -241,8 +247,11 @@ class Detector:
             ev.lines.append(rec)
             return []
         del self._open[key]
-        if exception_line(text):
-            return self._count([self._line_event(rec)])
+        # The next record, kept as the message's continuation: an event of its own when it says one
+        # (an exception, a launcher's exit, an Xid, an NCCL warning, a logger's error).
+        ev = self._line_event(rec)
+        if ev.kind != "line" or ev.exception_type or _LOGGER_ERROR.match(text):
+            return self._count([ev])
         return []
 
     # -- single-line events -------------------------------------------------------------------------
