@@ -170,6 +170,12 @@ def test_an_exception_that_says_raised_wraps_the_next_one():
              "ImportError: cannot import name 'triton_key' from 'triton.compiler.compiler'"]
     outer, inner = [e for e in _events(lines) if e.exception_type]
     assert outer.attrs["wraps"] is inner
+    # after a traceback, and whatever the wrapped class is called (triton's OutOfResources)
+    tb = [*TB[:-1], "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:",
+          "OutOfResources: out of resource: shared memory, Required: 135200, Hardware limit: 101376."]
+    outer, inner = [e for e in _events(tb) if e.exception_type]
+    assert outer.attrs["wraps"] is inner and inner.exception_type == "OutOfResources"
+    assert outer.exception_message == "backend='inductor' raised:"
 
 
 def test_launcher_exit_lines_carry_the_pid():

@@ -236,8 +236,10 @@ class Detector:
         text = text.strip()
         # A message goes on in plain words; a line with its own timestamp, a progress bar or a new
         # exception is the next record, whatever it printed next to it.
+        introduced = _introduces(ev, rec) and exception_line(text, closes_traceback=True) is not None
         looks_like_record = (
             (not text) or text.startswith("[") or rec.ts is not None or "%|" in text or bool(exception_line(text))
+            or introduced  # "BackendCompilerFailed: ... raised:" then "OutOfResources: ...": the wrapped error
             or text.startswith(": ")  # another writer's glued exception message (see _unglue)
             or _LOGGER_LEVEL.match(text) is not None  # "ERROR:torch.distributed...": a logger's next record
         )
@@ -249,14 +251,16 @@ class Detector:
         del self._open[key]
         # The next record, kept as the message's continuation: an event of its own when it says one
         # (an exception, a launcher's exit, an Xid, an NCCL warning, a logger's error).
-        ev = self._line_event(rec)
+        ev = self._line_event(rec, any_class=introduced)
         if ev.kind != "line" or ev.exception_type or _LOGGER_ERROR.match(text):
             return self._count([ev])
         return []
 
     # -- single-line events -------------------------------------------------------------------------
 
-    def _line_event(self, rec: Record) -> Event:
+    def _line_event(self, rec: Record, any_class: bool = False) -> Event:
+        """`any_class`: the line is introduced as an exception (after "... raised:"), whatever its
+        class is called."""
         text = rec.text
         ev = Event(kind="line", anchor=rec, lines=[rec])
         if "Xid" in text:
@@ -285,7 +289,7 @@ class Detector:
             m = _PCI.search(text)
             if m:
                 ev.gpu = m.group("pci")
-        m = exception_line(text)
+        m = exception_line(text, closes_traceback=any_class)
         if m:
             ev.exception_type = m.group("type")
             ev.exception_message = (m.group("msg") or "").strip()
