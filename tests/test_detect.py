@@ -138,7 +138,7 @@ def test_a_module_qualified_exception_on_its_own_line_is_one():
 
 def test_logger_names_and_levels_are_not_exceptions():
     for line in ("INFO:root:step 10 done", "transformers.trainer: saving model checkpoint to out/"):
-        assert not any(e.exception_type for e in _events([*TB[:-1], line])), line
+        assert not any(e.exception_type for e in _events([*TB[:3], line])), line
 
 
 def test_a_dataloader_reraise_wraps_the_original_traceback():
@@ -228,3 +228,14 @@ def test_a_stray_exception_lines_message_goes_on_over_wrapped_lines():
     [exc] = [e for e in events if e.exception_type == "ImportError"]
     assert exc.exception_message.endswith("undefined symbol: _ZN3c104cuda9SetDeviceEi")
     assert any(e.kind == "signal_exit" for e in events)  # the launcher's line is its own event
+
+
+def test_a_traceback_cut_off_at_its_raise_statement_names_the_exception():
+    """The log stops at 'raise ChildFailedError(' (an excerpt, a truncated file): the class is known."""
+    lines = [*TB[:-2], "    raise ChildFailedError(", "[rank0] step 12 loss 1.23"]
+    [tb] = [e for e in _events(lines) if e.kind == "traceback"]
+    assert tb.exception_type == "ChildFailedError" and tb.exception_message == ""
+    [ended] = [e for e in _events(lines[:-1]) if e.kind == "traceback"]
+    assert ended.exception_type == "ChildFailedError"
+    plain = [e for e in _events([*TB[:-2], "    main()", "[rank0] step 12 loss 1.23"]) if e.kind == "traceback"]
+    assert plain[0].exception_type is None

@@ -225,3 +225,18 @@ def test_an_illegal_memory_access_alone_or_after_a_hardware_xid_stays_infrastruc
     xid79 = "node-02: [Wed May  1 12:20:02 2024] NVRM: Xid (PCI:0000:3b:00): 79, pid=88123, name=python, GPU has fallen off the bus."
     bus = diagnose(engine, [progress(r, 1) for r in range(8)] + _illegal_access(3) + [xid79], exit_code=1)
     assert (bus.category, bus.failure_type) == ("infrastructure", "gpu_fell_off_bus")
+
+
+def test_a_log_that_ends_inside_a_traceback_is_a_failure_placed_by_its_frames(engine):
+    """The stream was cut while the process printed its traceback: no exception line, but the
+    frames say whose code it was. A traceback the process trained past is not one."""
+    frames = ["[rank0]:2024-05-01 12:20:01,000 - ERROR - Traceback (most recent call last):",
+              '[rank0]:  File "/workspace/train.py", line 88, in <module>',
+              "[rank0]:    main()",
+              '[rank0]:  File "/workspace/data/loader.py", line 41, in build',
+              "[rank0]:    rows = parse(path)"]
+    cut = diagnose(engine, [progress(0, i) for i in range(5)] + frames, exit_code=None)
+    assert (cut.status, cut.category, cut.action) == ("failed", "script", "no_restart")
+    assert "Traceback" in cut.root_cause.text
+    survived = diagnose(engine, frames + [progress(0, i, t="12:30:00") for i in range(5, 40)], exit_code=0)
+    assert survived.status == "healthy"

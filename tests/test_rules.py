@@ -237,10 +237,17 @@ def test_fallback_is_dropped_when_a_precise_rule_hits(rules: RuleSet) -> None:
     assert hits[0].role is Role.FALLBACK and hits[0].label.failure_type == "script_error"
 
 
-def test_truncated_traceback_without_exception_gets_no_fallback(rules: RuleSet) -> None:
+def test_a_traceback_cut_off_before_its_exception_is_weak_evidence_placed_by_its_frames(rules: RuleSet) -> None:
+    """A log that stops inside a traceback was printing a crash; the frames say whose code. Only a
+    fallback: any precise rule, any exception wins."""
     lines = [rec("Traceback (most recent call last):", 1), rec('  File "train.py", line 3, in main', 2)]
     ev = Event(kind="traceback", anchor=lines[-1], lines=lines, frames=[Frame("train.py", 3, "main")])
-    assert rules.match(ev) == []
+    assert rules.match(ev) == []  # other lines cut into it: its exception may still come, among theirs
+    ev.attrs["ends_log"] = True
+    [hit] = rules.match(ev)
+    assert (hit.rule_id, hit.role, hit.label.category) == ("py-traceback-cut-off", Role.FALLBACK, Category.SCRIPT)
+    assert hit.confidence < 0.5
+    assert not rules.could_match("2024-05-01 03:12:44,123 - INFO - step 100/1000 | loss 2.31")  # '-' is no name
 
 
 # ---------------------------------------------------------------------------------------------

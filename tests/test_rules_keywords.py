@@ -114,7 +114,7 @@ def _as_alternative(src: str) -> str:
 
 def _full_alternation(rules: Sequence[Rule]) -> re.Pattern[str]:
     parts = [_as_alternative(p.pattern) for r in rules for p in r.patterns]
-    names = sorted({e.rsplit(".", 1)[-1] for r in rules for e in (r.exceptions or ())})
+    names = sorted({e.rsplit(".", 1)[-1] for r in rules for e in (r.exceptions or ()) if e not in ("*", "-")})
     if names:
         parts.append(r"\b(?:" + "|".join(re.escape(n) for n in names) + r")\b")
     return re.compile("|".join(dict.fromkeys(parts)))

@@ -50,6 +50,16 @@ def _introduces(wrapper: Event, rec: Record) -> bool:
     )
 
 
+_RAISE = re.compile(r"raise\s+(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)\s*(?:\(|$)")
+
+
+def _raised_by_last_frame(ev: Event) -> None:
+    """A traceback cut off before its exception line still names it when its last frame's code is the
+    raise statement ("raise ChildFailedError("): that class is the exception, its message unknown."""
+    if ev.frames and ev.frames[-1].code and (m := _RAISE.match(ev.frames[-1].code)) is not None:
+        ev.exception_type, ev.exception_message = m.group("type"), ""
+
+
 @dataclass(slots=True)
 class DetectConfig:
     # Declared once, in config.DetectSettings: a stall is this many typical step intervals without
@@ -111,6 +121,12 @@ class Detector:
                 tb.event.exception_type, tb.event.exception_message = tb.glued, ""
                 tb.event.anchor = tb.event.lines[-1]
         out = [tb.event for tb in self._open.values() if not tb.closed]
+        for ev in out:
+            if not ev.exception_type:
+                _raised_by_last_frame(ev)
+                # The log ends inside it: a crash being printed. (One that other lines cut into may
+                # have its exception printed further on, between them: nothing is said of that one.)
+                ev.attrs["ends_log"] = True
         self._open.clear()
         stall = self._stall_event(summary, last_progress)
         if stall is not None:
@@ -210,6 +226,7 @@ class Detector:
             # A traceback cut off (the log was truncated, or another tool's output followed).
             ev.anchor = ev.lines[-2] if len(ev.lines) > 1 else ev.lines[0]
             ev.lines.pop()
+            _raised_by_last_frame(ev)
         return self._count([ev])
 
     def _unglue(self, key: str, tb: _OpenTraceback, rec: Record, text: str) -> list[Event]:

@@ -23,8 +23,11 @@ def example_event(text: str, rule: Rule | None = None) -> Event:
     if m and (kinds is None or "traceback" in kinds):
         kind = "traceback"
     else:
-        kind = next((k for k in kinds or () if k != "traceback"), "line")
+        # a rule about tracebacks alone (one cut off before its exception) is tested on a traceback
+        kind = next((k for k in kinds or () if k != "traceback"), "traceback" if kinds else "line")
     event = Event(kind=kind, anchor=records[0], lines=records)
+    if kind == "traceback" and not m:
+        event.attrs["ends_log"] = True  # an example is a whole excerpt: it ends where the example does
     if m:
         event.exception_type = m["type"]
         event.exception_message = "\n".join([m["msg"] or "", *lines[1:]]).strip()

@@ -64,7 +64,7 @@ class Prefilter:
         needs: list[tuple[re.Pattern[str], frozenset[str] | None]] = []
         for r in rules:
             needs.extend((p, required_literals(p.pattern)) for p in r.patterns)
-        names = {e.rsplit(".", 1)[-1] for r in rules for e in (r.exceptions or ()) if e != "*"}
+        names = {e.rsplit(".", 1)[-1] for r in rules for e in (r.exceptions or ()) if e not in ("*", "-")}
         if names:
             needs.append((re.compile(_exception_pattern(names)), frozenset(n.lower() for n in names)))
         patterns_by_kw: dict[str, list[re.Pattern[str]]] = {}

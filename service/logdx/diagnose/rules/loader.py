@@ -316,7 +316,7 @@ def _compile_rule(
             if k not in KNOWN_KINDS:
                 problems.append(f"{where('match', 'kinds', i)}: unknown event kind '{k}' (known: {', '.join(sorted(KNOWN_KINDS))})")
     for i, e in enumerate(m.exceptions or []):
-        if e != "*" and not re.fullmatch(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*", e):
+        if e not in ("*", "-") and not re.fullmatch(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*", e):
             problems.append(f"{where('match', 'exceptions', i)}: not an exception type name: {e!r}")
     hint_err = hint_problem(spec.hint)
     if hint_err:

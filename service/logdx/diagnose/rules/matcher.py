@@ -110,7 +110,8 @@ def match_rule(rule: Rule, event: Event, texts: list[_Text]) -> tuple[Record, di
     """The line and named groups of this rule's first hit on the event, or None."""
     if rule.kinds is not None and event.kind not in rule.kinds:
         return None
-    if rule.exceptions is not None and not _exception_accepted(rule.exceptions, event.exception_type):
+    if rule.exceptions is not None and not _exception_accepted(rule.exceptions, event.exception_type,
+                                                               bool(event.attrs.get("ends_log"))):
         return None
     found: tuple[Record, dict[str, str]] | None = None
     if rule.patterns:
@@ -173,12 +174,13 @@ def event_texts(event: Event, prefilter: Prefilter) -> list[_Text]:
     return out
 
 
-def _exception_accepted(wanted: frozenset[str], exception_type: str | None) -> bool:
+def _exception_accepted(wanted: frozenset[str], exception_type: str | None, ends_log: bool = False) -> bool:
     """``OutOfMemoryError`` accepts ``torch.OutOfMemoryError``; ``torch.OutOfMemoryError``
     accepts itself, and the bare ``OutOfMemoryError`` when a log printed it unqualified. ``*``
-    accepts any exception but a warning (a warning is printed, not raised)."""
+    accepts any exception but a warning (a warning is printed, not raised); ``-`` accepts a traceback
+    the log ends inside, before its exception line."""
     if not exception_type:
-        return False
+        return "-" in wanted and ends_log
     if "*" in wanted and not exception_type.endswith("Warning"):
         return True
     if exception_type in wanted:
