@@ -175,3 +175,29 @@ def test_allocation_specs_of_each_scheduler(spec, hosts):
     from logdx.compress import allocation_hosts
 
     assert allocation_hosts(spec) == hosts
+
+
+ORTE_BOX = [
+    "--------------------------------------------------------------------------",
+    "ORTE has lost communication with its daemon located on node:",
+    "",
+    "  hostname:  {host}",
+    "",
+    "This is usually due to either a failure of the TCP network",
+    "connection to the node, or possibly an internal failure of",
+    "the daemon itself. We cannot recover from this failure, and",
+    "therefore will terminate the job.",
+    "--------------------------------------------------------------------------",
+]
+
+
+def test_a_message_whose_host_is_in_its_next_lines_names_it(engine):
+    """Open MPI's box puts the node on a field line of its own, after "located on node:"."""
+    lines = [f"iteration {i} | loss 2.{i} | lr 1e-4" for i in range(20)]
+    r = diagnose(engine, lines + [line.format(host="gpu-node-02") for line in ORTE_BOX])
+    assert (r.category, r.failure_type) == ("infrastructure", "node_failure")
+    assert r.culprits.hosts == ["gpu-node-02"] and "host field" in r.culprits.basis
+    assert not r.culprits.corroborated  # a name from text: enough to say, not to cordon alone
+    # a "hostname:" field that no such message introduced names nothing
+    far = lines + ORTE_BOX[:3] + [lines[0]] * 3 + ["  hostname:  gpu-node-02"]  # 4 lines on, unkept ones between
+    assert diagnose(engine, far).culprits.hosts == []

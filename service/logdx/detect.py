@@ -33,6 +33,11 @@ _EXITCODE = re.compile(r"exitcode\s*:\s*(?P<code>-?\d+)|Signal (?P<sig>\d+) \((?
 _PID = re.compile(r"\(pid:? (\d+)\)|\bpid[= ](\d+)")
 _LOSS = re.compile(r"\bloss\b['\"]?[\s\w/]{0,20}?[\s:=|]+\s*(?P<v>nan|-?inf|[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.I)
 _CONTINUATION_LINES = 3
+# "ORTE has lost communication with its daemon located on node:" then, a line or two later,
+# "  hostname:  node123": the host of a message is in a field of its own.
+_ON_NODE = re.compile(r"\b(?:on|located on|from) (?:the )?(?:node|host)s?:\s*$", re.I)
+_HOST_FIELD = re.compile(r"^\s*(?:hostname|host|node|Node|Local host|Remote host)\s*:\s*([A-Za-z0-9][\w.-]*)\s*$")
+_HOST_FIELD_LINES = 3
 _LOGGER_ERROR = re.compile(r"(?:CRITICAL|ERROR)\b[:\s]")
 _LOGGER_LEVEL = re.compile(r"(?:CRITICAL|ERROR|WARNING|WARN|INFO|DEBUG)\b[:\s]")
 # No watchdog lets a job hang this long: a "gap" that size is two clocks disagreeing, not a stall.
@@ -89,12 +94,14 @@ class Detector:
         # link of a chain, refers to it.
         self._last_raised: dict[str, Event] = {}
         self._chain_pending: set[str] = set()  # "During handling of the above exception" was said
+        self._host_follows: dict[str, Event] = {}  # an event whose host is on one of the next lines
         self.events_emitted = 0
 
     def feed(self, kept: KeptLine) -> list[Event]:
         """Consume one kept line; returns the events it completes or starts (usually none)."""
         rec = kept.record
         key = rec.source_key
+        self._note_named_host(key, rec)
         if rec.text.lstrip().startswith(CHAINED):
             self._chain_pending.add(key)  # the traceback that follows is the next link of the chain
             return []
@@ -107,12 +114,29 @@ class Detector:
         if kept.reason == "error" and not rec.text.startswith(_BOX):
             # A box-drawn line is source code quoted by a rich traceback, not something that happened.
             ev = self._line_event(rec)
+            self._expect_host(ev)
             if ev.exception_type:  # a stray exception line: its message may go on, as after a traceback
                 self._open[key] = _OpenTraceback(event=ev, closed=True, continuation_left=_CONTINUATION_LINES)
             out.append(ev)
         elif kept.reason == "loss":
             out.append(self._loss_event(rec))
         return self._count(out)
+
+    def _note_named_host(self, key: str, rec: Record) -> None:
+        """A message that ends "... located on node:" names the host on one of its next lines, in a
+        "hostname: X" field (Open MPI's help boxes): that host is the event's own."""
+        ev = self._host_follows.get(key)
+        if ev is None:
+            return
+        if rec.line_no - ev.anchor.line_no > _HOST_FIELD_LINES:  # lines of the log, kept or not
+            del self._host_follows[key]
+        elif (m := _HOST_FIELD.match(rec.text)) is not None:
+            ev.attrs["named_host"] = m.group(1)
+            del self._host_follows[key]
+
+    def _expect_host(self, ev: Event) -> None:
+        if _ON_NODE.search(ev.anchor.text):
+            self._host_follows[ev.anchor.source_key] = ev
 
     def finish(self, summary: CompressionSummary, last_progress: Record | None = None) -> list[Event]:
         """Close what is still open and look at the stream as a whole (stalls)."""

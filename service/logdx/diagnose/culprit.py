@@ -90,6 +90,11 @@ def _host_of_root(winner: Finding, summary: CompressionSummary, out: Attribution
         host = _checked(named, summary, out, trusted=named == hit.line.host)
         if host is not None:
             return host, "named in the root line"
+    field = winner.event.attrs.get("named_host")
+    if field:
+        host = _checked(field, summary, out, trusted=False)
+        if host is not None:
+            return host, "named in the root message's own host field"
     if hit.line.host:
         host = _checked(hit.line.host, summary, out, trusted=True)
         if host is not None:
