@@ -120,8 +120,10 @@ def match_rule(rule: Rule, event: Event, texts: list[_Text]) -> tuple[Record, di
             return None
     else:
         found = (event.anchor, {})
-    if rule.unless and any(u.search(t.text) for t in texts for u in rule.unless):
-        return None
+    if rule.unless and (any(u.search(t.text) for t in texts for u in rule.unless)
+                        or any(u.search(r.text) for r in event.lines if _FRAME_LINE.match(r.text)
+                               for u in rule.unless)):
+        return None  # (a traceback's 'File "...", line N' frames too, which patterns never search)
     return found
 
 
