@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from logdx.diagnose.rules import Rule, RuleSet, default_rules_dir, load_rules
+from logdx.diagnose.rules.compiled import EXCEPTION_MARKERS
 from logdx.diagnose.rules.keywords import Prefilter, pattern_problem, required_literals, rule_literals, trie_regex
 from logdx.model import Action, Category, Label, Role
 
@@ -114,7 +115,7 @@ def _as_alternative(src: str) -> str:
 
 def _full_alternation(rules: Sequence[Rule]) -> re.Pattern[str]:
     parts = [_as_alternative(p.pattern) for r in rules for p in r.patterns]
-    names = sorted({e.rsplit(".", 1)[-1] for r in rules for e in (r.exceptions or ()) if e not in ("*", "-")})
+    names = sorted({e.rsplit(".", 1)[-1] for r in rules for e in (r.exceptions or ()) if e not in EXCEPTION_MARKERS})
     if names:
         parts.append(r"\b(?:" + "|".join(re.escape(n) for n in names) + r")\b")
     return re.compile("|".join(dict.fromkeys(parts)))

@@ -9,6 +9,11 @@ from typing import Literal
 
 from logdx.model import Event, Label, Record, Role
 
+# Entries of `match.exceptions` that are no class name: "*" any exception but a warning, "-" a
+# traceback the log ends inside, before its exception line.
+ANY_EXCEPTION, CUT_OFF = "*", "-"
+EXCEPTION_MARKERS = frozenset({ANY_EXCEPTION, CUT_OFF})
+
 _ROLE_RANK = {Role.ROOT_CAUSE: 0, Role.FALLBACK: 1, Role.SYMPTOM: 2}
 _SEVERITY_RANK = {"critical": 0, "high": 1, "medium": 2, "low": 3}
 Origin = Literal["user", "library"]

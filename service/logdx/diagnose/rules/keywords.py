@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from logdx.diagnose.rules.compiled import Rule
+from logdx.diagnose.rules.compiled import EXCEPTION_MARKERS, Rule
 
 
 def pattern_problem(src: str) -> str | None:
@@ -64,7 +64,7 @@ class Prefilter:
         needs: list[tuple[re.Pattern[str], frozenset[str] | None]] = []
         for r in rules:
             needs.extend((p, required_literals(p.pattern)) for p in r.patterns)
-        names = {e.rsplit(".", 1)[-1] for r in rules for e in (r.exceptions or ()) if e not in ("*", "-")}
+        names = {e.rsplit(".", 1)[-1] for r in rules for e in (r.exceptions or ()) if e not in EXCEPTION_MARKERS}
         if names:
             needs.append((re.compile(_exception_pattern(names)), frozenset(n.lower() for n in names)))
         patterns_by_kw: dict[str, list[re.Pattern[str]]] = {}

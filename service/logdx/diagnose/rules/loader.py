@@ -16,7 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from logdx import yamlsafe
-from logdx.diagnose.rules.compiled import OriginConfig, Rule, RuleError
+from logdx.diagnose.rules.compiled import EXCEPTION_MARKERS, OriginConfig, Rule, RuleError
 from logdx.diagnose.rules.examples import check_examples
 from logdx.diagnose.rules.keywords import pattern_problem, rule_literals
 from logdx.diagnose.rules.matcher import RuleSet
@@ -316,7 +316,7 @@ def _compile_rule(
             if k not in KNOWN_KINDS:
                 problems.append(f"{where('match', 'kinds', i)}: unknown event kind '{k}' (known: {', '.join(sorted(KNOWN_KINDS))})")
     for i, e in enumerate(m.exceptions or []):
-        if e not in ("*", "-") and not re.fullmatch(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*", e):
+        if e not in EXCEPTION_MARKERS and not re.fullmatch(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*", e):
             problems.append(f"{where('match', 'exceptions', i)}: not an exception type name: {e!r}")
     hint_err = hint_problem(spec.hint)
     if hint_err:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from logdx.diagnose.origin import OriginInfo, classify_origin, locate, owner_label
-from logdx.diagnose.rules.compiled import Origin, OriginConfig, Rule, RuleHit
+from logdx.diagnose.rules.compiled import ANY_EXCEPTION, CUT_OFF, Origin, OriginConfig, Rule, RuleHit
 from logdx.diagnose.rules.keywords import Prefilter
 from logdx.model import Event, Label, Record, Role
 
@@ -182,8 +182,8 @@ def _exception_accepted(wanted: frozenset[str], exception_type: str | None, ends
     accepts any exception but a warning (a warning is printed, not raised); ``-`` accepts a traceback
     the log ends inside, before its exception line."""
     if not exception_type:
-        return "-" in wanted and ends_log
-    if "*" in wanted and not exception_type.endswith("Warning"):
+        return CUT_OFF in wanted and ends_log
+    if ANY_EXCEPTION in wanted and not exception_type.endswith("Warning"):
         return True
     if exception_type in wanted:
         return True
