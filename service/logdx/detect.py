@@ -119,7 +119,7 @@ class Detector:
                 self._open[key] = _OpenTraceback(event=ev, closed=True, continuation_left=_CONTINUATION_LINES)
             out.append(ev)
         elif kept.reason == "loss":
-            out.append(self._loss_event(rec))
+            out.append(self._loss_event(kept))
         return self._count(out)
 
     def _note_named_host(self, key: str, rec: Record) -> None:
@@ -341,11 +341,22 @@ class Detector:
             self._last_raised[rec.source_key] = ev
         return ev
 
-    def _loss_event(self, rec: Record) -> Event:
+    def _loss_event(self, kept: KeptLine) -> Event:
+        """A NaN/inf loss as it is printed (`loss_nan`), or a divergence the timeline confirmed
+        (`loss_spike`: a spike that did not come back, skipped or NaN iterations every interval, a
+        gradient blow-up), anchored where it began."""
+        rec = kept.record
+        d = kept.divergence
+        if d is not None and d.kind != "nan":
+            attrs: dict[str, object] = {"divergence": d.kind, "step": d.step, "loss_before": d.loss_before,
+                                        "loss_after": d.loss_after, "rollback_to_step": d.rollback_to_step}
+            return Event(kind="loss_spike", anchor=rec, lines=[rec], attrs=attrs)
         m = _LOSS.search(rec.text)
-        value = m.group("v").lower() if m else "?"
-        kind = "loss_nan" if value in ("nan", "inf", "-inf") else "loss_spike"
-        return Event(kind=kind, anchor=rec, lines=[rec], attrs={"loss": value})
+        value = m.group("v").lower() if m else "nan"
+        attrs = {"loss": value}
+        if d is not None:
+            attrs.update({"divergence": d.kind, "step": d.step, "rollback_to_step": d.rollback_to_step})
+        return Event(kind="loss_nan", anchor=rec, lines=[rec], attrs=attrs)
 
     def _stall_event(self, summary: CompressionSummary, last_progress: Record | None) -> Event | None:
         if last_progress is None or summary.last_progress_ts is None or summary.last_ts is None:

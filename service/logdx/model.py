@@ -85,7 +85,72 @@ class KeptLine:
 
     record: Record
     template_id: int
-    reason: str  # "error" | "traceback" | "new_template" | "tail"
+    reason: str  # "error" | "traceback" | "new_template" | "tail" | "loss"
+    divergence: Divergence | None = None  # reason "loss": the divergence the line began, once confirmed
+
+
+@dataclass(slots=True)
+class Divergence:
+    """Where the loss left its course: a spike that did not come back, NaN/inf, skipped iterations in
+    every interval, a gradient-norm blow-up (or, in `recovered_spikes`, one that came back)."""
+
+    kind: str  # "spike" | "nan" | "skipped" | "grad_norm"
+    step: float | None
+    line_no: int
+    loss_before: float | None = None
+    loss_after: float | None = None
+    rollback_to_step: int | None = None  # the last checkpoint the log says was saved before `step`
+
+
+@dataclass(slots=True)
+class ProgressMark:
+    """Where a source (the rank that printed an event) and the whole job were when the event was
+    found: the diagnosis compares it with where they ended (did they go on?)."""
+
+    source_advances: int = 0
+    source_step: float | None = None
+    job_advances: int = 0
+    job_rises: int = 0  # how often the job's highest step had risen
+    job_step: float | None = None
+    job_lines: int = 0
+
+
+@dataclass(slots=True)
+class SourceProgress:
+    """One rank's (else one host's) training progress."""
+
+    key: str  # Record.source_key
+    rank: int | None
+    host: str | None
+    first_line: int
+    last_line: int
+    first_step: float | None
+    last_step: float | None
+    first_ts: float | None
+    last_ts: float | None
+    lines: int
+    advances: int  # progress lines whose counter rose
+    steps_per_s: float | None
+
+
+@dataclass(slots=True)
+class ProgressSummary:
+    """The job's training progress as the timeline saw it (logdx/timeline.py)."""
+
+    lines: int = 0
+    last_step: float | None = None
+    last_line: int = 0
+    last_ts: float | None = None
+    sources: list[SourceProgress] = field(default_factory=list)
+    loss: list[tuple[float, float]] = field(default_factory=list)  # (step, loss), decimated
+    step_time_s: list[tuple[float, float]] = field(default_factory=list)
+    divergence: Divergence | None = None
+    recovered_spikes: list[Divergence] = field(default_factory=list)
+    checkpoints: list[tuple[int, int]] = field(default_factory=list)  # (step, line_no) saved
+    # Every source's last line of any kind (line_no, ts): which rank went quiet first.
+    last_output: dict[str, tuple[int, float | None]] = field(default_factory=dict)
+    job_advances: int = 0
+    job_rises: int = 0  # how often the job's highest step rose
 
 
 @dataclass(slots=True)
@@ -112,6 +177,7 @@ class CompressionSummary:
     # The job's nodes as its scheduler printed them (PBS "Exec host:", Slurm SLURM_JOB_NODELIST, LSF
     # "executed on host(s)"): a job on exactly one node links a line without a host to that node.
     allocated_hosts: list[str] = field(default_factory=list)
+    progress: ProgressSummary = field(default_factory=ProgressSummary)
 
 
 @dataclass(slots=True)

@@ -238,7 +238,10 @@ class Session:
 
     def _note_events(self, new: list[Event]) -> None:
         self.events.extend(new)
+        timeline = self.compressor.timeline
         for ev in new:
+            # Where its rank and the job were when it happened: did they go on after it?
+            ev.attrs.setdefault("progress_at", timeline.mark(ev.anchor.source_key))
             hits = self.engine.rules.match(ev)
             if hits and hits[0].role == Role.ROOT_CAUSE:
                 self.root_cause_events.append(ev)
@@ -303,6 +306,8 @@ class Session:
             return
         self.finished = True
         for kept in self.compressor.flush_tails():
+            self._note_events(self.detector.feed(kept))
+        for kept in self.compressor.finish_timeline():
             self._note_events(self.detector.feed(kept))
         summary = self._summary()
         self._note_events(self.detector.finish(summary, self.compressor.last_progress))

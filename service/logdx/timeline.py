@@ -1,0 +1,662 @@
+"""The life of a job: where each rank is in training, how fast it goes, and how its loss behaves.
+
+An on-call engineer reads a dead job backwards from where progress stopped: the last iterations of
+each rank, which rank went quiet first, what the job recovered from before, whether the loss blew
+up. The timeline keeps exactly that, in the streaming core, in bounded memory:
+
+- per source (a rank, else a host): first and last progress line, first and last step, the time
+  of the last one, its rate (steps per second), how often its counter advanced;
+- per job: the highest step, the loss and step-time series (decimated to a fixed number of points),
+  the checkpoints the log says were saved, and a divergence watch over the loss (a spike that does
+  not come back, NaN, NaN or skipped iterations, a gradient-norm blow-up).
+
+What a progress line says is data (`timeline.yaml`): fields read from a line's numbers, decided once
+per line shape so that each of millions of progress lines costs one number scan. What no pattern
+knows is learned from the log: a repeated line whose integer rises by the same amount on every line
+of one rank is progress too.
+
+The compressor feeds it (it knows each line's shape and source); the session stamps every event
+with where its rank and the job were (`mark`), so that the diagnosis can tell what the job went on
+after (recovered) from what ended it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from logdx import yamlsafe
+from logdx.model import Divergence, ProgressMark, ProgressSummary, Record, SourceProgress
+
+FORMS_PATH = Path(__file__).with_name("timeline.yaml")
+
+__all__ = ["FORMS_PATH", "ProgressShape", "Timeline", "TimelineError", "checkpoint_step_of", "progress_shape_of"]
+
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_VALUE = rf"(?P<v>{_NUM}|(?i:nan|[-+]?inf(?:inity)?))"
+# Every number of a line, in order. Its digits-free shape fixes how many there are and where each
+# field is among them (see ProgressShape).
+_NUMBER = re.compile(rf"(?<![\w.]){_NUM}")
+_COUNTERS = ("step", "epoch")
+_MAX_POINTS = 512  # per series in the report
+_MAX_SOURCES = 4096
+_MAX_CHECKPOINTS = 256
+# Learning progress from the log: how many lines of one shape are looked at, and how many times its
+# integer must rise by the same amount on one source's consecutive lines.
+_LEARN_LINES = 48
+_LEARN_RISES = 4
+
+
+class TimelineError(ValueError):
+    """timeline.yaml does not load; the message names the file and line."""
+
+
+class _FormsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    fields: dict[str, list[str]]
+    checkpoints: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Forms:
+    fields: tuple[tuple[str, tuple[re.Pattern[str], ...]], ...]
+    checkpoints: tuple[re.Pattern[str], ...]
+    words: re.Pattern[str]  # a cheap first look: could this line be progress at all?
+
+
+def _compile(pattern: str, where: str) -> re.Pattern[str]:
+    if pattern.count("{n}") != 1:
+        raise TimelineError(f"{where}: a pattern needs exactly one {{n}}: {pattern!r}")
+    flags = ""
+    if pattern.startswith("(?i)"):
+        flags, pattern = "(?i)", pattern[4:]
+    try:
+        return re.compile(flags + pattern.replace("{n}", _VALUE))
+    except re.error as e:
+        raise TimelineError(f"{where}: {e}: {pattern!r}") from None
+
+
+@cache
+def forms(path: Path = FORMS_PATH) -> _Forms:
+    """The progress forms of `timeline.yaml`, compiled and validated (errors name file and line)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        spec = _FormsFile.model_validate(yamlsafe.load(text, str(path)))
+    except yamlsafe.YamlError as e:
+        raise TimelineError(str(e)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TimelineError(f"{path}: cannot load: {e}") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise TimelineError(f"{path}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    lines = text.splitlines()
+
+    def where(pattern: str) -> str:
+        for i, line in enumerate(lines, 1):
+            if pattern in line or repr(pattern)[1:-1] in line:
+                return f"{path}:{i}"
+        return str(path)
+
+    compiled = tuple((name, tuple(_compile(p, where(p)) for p in pats)) for name, pats in spec.fields.items())
+    unknown = {name for name, _ in compiled} - set(_FIELDS)
+    if unknown:
+        raise TimelineError(f"{path}: unknown field(s) {', '.join(sorted(unknown))} (known: {', '.join(_FIELDS)})")
+    return _Forms(fields=compiled, checkpoints=tuple(_compile(p, where(p)) for p in spec.checkpoints),
+                  words=_PROGRESS_HINT)
+
+
+_FIELDS = ("step", "epoch", "total", "loss", "grad_norm", "lr", "step_time_ms", "step_time_s", "it_per_s",
+           "skipped_iters", "skipped_total", "nan_iters", "throughput")
+# A line can only be a progress line of a known form if it holds one of these (lower-cased).
+_PROGRESS_HINT = re.compile(r"iter|step|epoch|loss|it/s|s/it|/s\b|/sec|per second|norm|\[\s*\d+\s*/|\d/\d+\s*\[")
+
+
+@dataclass(slots=True)
+class ProgressShape:
+    """How to read the fields of every line of one shape (the line with its digits removed): the
+    index of each field among the line's numbers, decided on the shape's first line."""
+
+    n_numbers: int
+    fields: tuple[tuple[str, int], ...]  # (field, index into the line's numbers)
+    consts: tuple[tuple[str, float], ...] = ()  # fields spelled in letters on this shape (nan, inf)
+    counter: int = -1  # index of the step (else epoch) number; -1: none
+    learned: bool = False  # from the log itself, not from timeline.yaml
+    # A bar that restarts every epoch ("Epoch 3: 45%| 450/1000 [...]"): the counter is then
+    # epoch * total + step, so that it keeps rising across epochs. -1: not such a line.
+    epoch: int = -1
+    total: int = -1
+
+    @property
+    def has_loss(self) -> bool:
+        return any(f == "loss" for f, _ in self.fields) or any(f == "loss" for f, _ in self.consts)
+
+
+def progress_shape_of(text: str) -> ProgressShape | None:
+    """How to read progress from lines shaped like `text` (None: they are not progress lines)."""
+    low = text.lower()
+    if not _PROGRESS_HINT.search(low):
+        return None
+    starts = {m.start(): i for i, m in enumerate(_NUMBER.finditer(text))}
+    fields: list[tuple[str, int]] = []
+    consts: list[tuple[str, float]] = []
+    for name, patterns in forms().fields:
+        for pattern in patterns:
+            m = pattern.search(text)
+            if m is None:
+                continue
+            value = m.group("v")
+            if value[-1].isalpha():  # nan / inf: the shape spells it, every line of it has it
+                consts.append((name, float(value)))
+            elif m.start("v") in starts:
+                fields.append((name, starts[m.start("v")]))
+            else:
+                continue
+            break
+    if not fields and not consts:
+        return None
+    counter = next((i for c in _COUNTERS for f, i in fields if f == c), -1)
+    found = dict(fields)
+    per_epoch = "step" in found and "epoch" in found and "total" in found
+    return ProgressShape(n_numbers=len(starts), fields=tuple(fields), consts=tuple(consts), counter=counter,
+                         epoch=found["epoch"] if per_epoch else -1, total=found["total"] if per_epoch else -1)
+
+
+def checkpoint_step_of(text: str) -> int | None:
+    """The step of a checkpoint this line says was saved, or None."""
+    for pattern in forms().checkpoints:
+        m = pattern.search(text)
+        if m is not None:
+            try:
+                return int(float(m.group("v")))
+            except (ValueError, OverflowError):
+                return None
+    return None
+
+
+# -- learning a progress line from the log itself --------------------------------------------------------
+
+
+# A line that may carry a counter no form of timeline.yaml knows: it says what it counts, or shows
+# the counter against its total ("12/500").
+_COUNTER_HINT = re.compile(r"(?i)train|step|iter|epoch|batch|update|round|progress|sample|token|\bit\b|global")
+_OF_TOTAL = re.compile(r"(?<![\w.])(\d+)\s*/\s*(\d+)(?![\w.])")
+
+
+def may_count(text: str) -> bool:
+    """Whether a line no form knows is worth watching for a counter (see Learner)."""
+    return _COUNTER_HINT.search(text) is not None or any(
+        int(m.group(2)) > 0 and int(m.group(1)) <= int(m.group(2)) for m in _OF_TOTAL.finditer(text))
+
+
+@dataclass(slots=True)
+class Learner:
+    """Watches the first lines of one shape that no form knows: does one of its integers rise by the
+    same amount on consecutive lines of the same source (a counter)? Dates and clocks do not count
+    (a number next to ':' or '-' on both sides), nor do numbers that never change, nor a burst of
+    lines printed within the same moment (set-up enumerating its channels is not training)."""
+
+    seen: int = 0
+    last: dict[str, list[float]] = field(default_factory=dict)  # source -> the numbers of its last line
+    deltas: dict[int, tuple[float, int]] = field(default_factory=dict)  # index -> (delta, times seen alike)
+    bad: set[int] = field(default_factory=set)
+    done: bool = False
+    first_ts: float | None = None
+    last_ts: float | None = None
+
+    def look(self, text: str, source: str, ts: float | None = None) -> ProgressShape | None:
+        """Feed one line; a ProgressShape once the shape is learned to be progress."""
+        self.seen += 1
+        if ts is not None:
+            self.first_ts = ts if self.first_ts is None else self.first_ts
+            self.last_ts = ts
+        matches = list(_NUMBER.finditer(text))
+        values = []
+        for m in matches:
+            try:
+                values.append(float(m.group()))
+            except ValueError:
+                values.append(math.nan)
+        before = self.last.get(source)
+        self.last[source] = values
+        if before is not None and len(before) == len(values):
+            for i, (a, b) in enumerate(zip(before, values)):
+                if i in self.bad:
+                    continue
+                delta = b - a
+                if not (0 < delta <= 100_000) or not float(b).is_integer() or _clock_like(text, matches[i]):
+                    self.bad.add(i)
+                    self.deltas.pop(i, None)
+                    continue
+                known, times = self.deltas.get(i, (delta, 0))
+                if known != delta:
+                    self.bad.add(i)
+                    self.deltas.pop(i, None)
+                    continue
+                self.deltas[i] = (delta, times + 1)
+                if times + 1 >= _LEARN_RISES and not self._burst():
+                    self.done = True
+                    return ProgressShape(n_numbers=len(values), fields=(("step", i),), counter=i, learned=True)
+        if self.seen >= _LEARN_LINES or len(self.last) > 64:
+            self.done = True
+        return None
+
+
+    def _burst(self) -> bool:
+        return self.first_ts is not None and self.last_ts is not None and self.last_ts - self.first_ts < 1.0
+
+
+def _clock_like(text: str, m: re.Match[str]) -> bool:
+    before = text[m.start() - 1] if m.start() > 0 else " "
+    after = text[m.end()] if m.end() < len(text) else " "
+    return (before in ":-/" and after in ":-/.,") or (before in ":-/" and after == " ") or after in ":-"
+
+
+# -- the streaming state ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Source:
+    rank: int | None
+    host: str | None
+    first_line: int
+    last_line: int
+    first_ts: float | None = None
+    last_ts: float | None = None
+    lines: int = 0
+    advances: int = 0
+    first_step: float | None = None
+    step: float | None = None  # the counter of its main loop (the template that advanced most)
+    main: int = -1  # that template
+    main_value: float | None = None  # its counter (or line count)
+    loops: dict[int, list[float]] = field(default_factory=dict)  # template -> [last counter, advances]
+    plain: dict[int, int] = field(default_factory=dict)  # template of a loss line without a counter -> lines
+    rate_ema: float | None = None  # steps per second
+    rate_anchor: tuple[float, float] | None = None  # (ts, step) the rate is measured from
+
+
+@dataclass(slots=True)
+class _Series:
+    """A decimated series: every `stride`-th point is kept; when full, every other one is dropped."""
+
+    points: list[tuple[float, float]] = field(default_factory=list)
+    stride: int = 1
+    seen: int = 0
+
+    def add(self, x: float, y: float) -> None:
+        self.seen += 1
+        if (self.seen - 1) % self.stride:
+            return
+        self.points.append((x, y))
+        if len(self.points) >= 2 * _MAX_POINTS:
+            self.points = self.points[::2]
+            self.stride *= 2
+
+
+@dataclass(slots=True)
+class _Watch:
+    """The divergence watch over one source's loss: a baseline (an average that follows the loss
+    slowly), a spike candidate when the loss leaves it far behind, confirmed when the loss does not
+    come back within `window` points, dropped (a note: recovered) when it does."""
+
+    baseline: float | None = None
+    spread: float = 0.0  # typical distance from the baseline
+    seen: int = 0
+    onset: tuple[Record, float, float, float] | None = None  # (line, step, loss before, peak)
+    onset_kind: str = ""
+    after: int = 0  # points since the onset
+    skipped_runs: int = 0  # consecutive logging intervals with skipped iterations
+    skipped_total: float | None = None  # the last cumulative count (DeepSpeed's "skipped=N")
+    grad_baseline: float | None = None
+
+
+@dataclass(slots=True)
+class LossSignal:
+    """What one progress line said about the loss: a NaN/inf, a divergence confirmed (with where it
+    began), or a spike that came back (recovered)."""
+
+    kind: str  # "nan" | "diverged" | "recovered"
+    record: Record  # the line where it began
+    divergence: Divergence | None = None
+
+
+@dataclass
+class Timeline:
+    """Per-source and job-wide progress, fed line by line by the compressor."""
+
+    window: int = 20  # loss points after a spike within which it must come back
+    min_points: int = 20  # loss points before a spike can count (warm-up is noisy)
+
+    def __post_init__(self) -> None:
+        self._sources: dict[str, _Source] = {}
+        self.lines = 0
+        self.advances = 0  # counter advances of every source
+        self.rises = 0  # how often the job's highest step rose (many ranks printing one step: one rise)
+        self.max_step: float | None = None
+        self.last_line = 0  # the job's last progress line
+        self.last_ts: float | None = None
+        self._loss = _Series()
+        self._step_time = _Series()
+        self._loss_source: str | None = None
+        self._watch = _Watch()
+        self.divergence: Divergence | None = None
+        self.recovered_spikes: list[Divergence] = []
+        self.checkpoints: list[tuple[int, int]] = []  # (step, line_no)
+        self.learners: dict[bytes, Learner] = {}
+
+    # -- the hot path: one progress line ----------------------------------------------------------------
+
+    def note(self, rec: Record, source_key: str, shape: ProgressShape, template_id: int) -> LossSignal | None:
+        """One progress line of `source_key`; returns a loss signal when the line gives one."""
+        nums = _NUMBER.findall(rec.text)
+        if len(nums) != shape.n_numbers:
+            return None  # a line this shape does not describe (a number written another way)
+        self.lines += 1
+        line_no, ts = rec.line_no, rec.ts
+        self.last_line = line_no
+        if ts is not None:
+            self.last_ts = ts
+        src = self._sources.get(source_key)
+        if src is None:
+            if len(self._sources) >= _MAX_SOURCES:
+                return None
+            src = self._sources[source_key] = _Source(rank=rec.rank, host=rec.host, first_line=line_no,
+                                                      last_line=line_no, first_ts=ts)
+        src.lines += 1
+        src.last_line = line_no
+        if ts is not None:
+            src.last_ts = ts
+        values: dict[str, float] = dict(shape.consts)
+        for name, index in shape.fields:
+            try:
+                values[name] = float(nums[index])
+            except ValueError:
+                continue
+        if shape.counter >= 0:
+            counter = float(nums[shape.counter])
+            if shape.epoch >= 0:
+                counter += float(nums[shape.epoch]) * float(nums[shape.total])
+            self._count(src, template_id, counter, ts)
+        elif "loss" in values:
+            # A loss printed every step without its number: its n-th line is the step (a line printed
+            # once or twice, like an exit summary's "train/loss 3.66", is no loop).
+            seen = src.plain.get(template_id, 0) + 1
+            if len(src.plain) < 16 or template_id in src.plain:
+                src.plain[template_id] = seen
+            if seen >= 3:
+                self._count(src, template_id, float(seen), ts, numbered=False)
+        return self._measure(rec, source_key, values, src)
+
+    def _count(self, src: _Source, template_id: int, value: float, ts: float | None, numbered: bool = True) -> None:
+        """A counter of one of the source's loops. The loop that advanced most is its main one (the
+        training steps; an evaluation bar or a second line printing the same step is not): only that
+        one's rises are the source's advances. A loop that is not `numbered` (lines counted, not a step
+        the line prints) advances the source but says nothing of the job's step."""
+        loop = src.loops.get(template_id)
+        if loop is None:
+            if len(src.loops) >= 16:
+                return
+            loop = src.loops[template_id] = [value, 0.0]
+        elif value > loop[0]:
+            loop[0] = value
+            loop[1] += 1
+        else:
+            loop[0] = value  # a new epoch's bar, an evaluation: the loop starts again
+        if src.main != template_id and (src.main < 0 or loop[1] > src.loops[src.main][1]):
+            src.main = template_id
+        if template_id != src.main:
+            return
+        if src.main_value is not None and value > src.main_value:
+            src.advances += 1
+            self.advances += 1
+        src.main_value = value
+        if not numbered:
+            return
+        if src.first_step is None:
+            src.first_step = value
+        src.step = value
+        if self.max_step is None or value > self.max_step:
+            self.rises += self.max_step is not None
+            self.max_step = value
+        self._rate(src, value, ts)
+
+    @staticmethod
+    def _rate(src: _Source, step: float, ts: float | None) -> None:
+        if ts is None:
+            return
+        if src.rate_anchor is None:
+            src.rate_anchor = (ts, step)
+            return
+        t0, s0 = src.rate_anchor
+        if ts - t0 >= 1.0 and step > s0:
+            rate = (step - s0) / (ts - t0)
+            src.rate_ema = rate if src.rate_ema is None else 0.8 * src.rate_ema + 0.2 * rate
+            src.rate_anchor = (ts, step)
+
+    def _measure(self, rec: Record, source_key: str, values: dict[str, float], src: _Source) -> LossSignal | None:
+        step = src.step if src.step is not None else (self.max_step if self.max_step is not None else float(src.lines))
+        if "step_time_ms" in values:
+            self._step_time.add(step, values["step_time_ms"] / 1000)
+        elif "step_time_s" in values:
+            self._step_time.add(step, values["step_time_s"])
+        elif values.get("it_per_s"):
+            self._step_time.add(step, 1 / values["it_per_s"])
+        if self._loss_source is None and ("loss" in values or "nan_iters" in values):
+            self._loss_source = source_key
+        if source_key != self._loss_source:
+            return None
+        signal = None
+        if "loss" in values:
+            self._loss.add(step, values["loss"])
+            signal = self._watch_loss(rec, step, values["loss"])
+        if signal is None and values.get("nan_iters", 0) > 0:
+            signal = self._nan_interval(rec, step)
+        if signal is None and ("skipped_iters" in values or "skipped_total" in values):
+            signal = self._watch_skips(rec, step, values)
+        if signal is None and "grad_norm" in values:
+            signal = self._watch_grad(rec, step, values["grad_norm"], values.get("loss"))
+        return signal
+
+    # -- divergence -------------------------------------------------------------------------------------
+
+    def _watch_loss(self, rec: Record, step: float, loss: float) -> LossSignal | None:
+        w = self._watch
+        if not math.isfinite(loss):
+            if w.onset is None:
+                _start(w, rec, step, "nan", loss)
+                return LossSignal("nan", rec)
+            first_nan = w.onset_kind != "nan"
+            w.onset_kind = "nan"  # a spike that went on to NaN: the divergence began at the spike
+            tick = self._tick(w, rec, loss)
+            return tick or (LossSignal("nan", rec) if first_nan else None)
+        if w.onset is not None:
+            signal = self._tick(w, rec, loss)
+            if signal is not None or w.onset is not None:
+                return signal
+        w.seen += 1
+        if w.baseline is None:
+            w.baseline = loss
+            return None
+        distance = abs(loss - w.baseline)
+        if w.seen > self.min_points and loss > _spike_level(w.baseline, w.spread):
+            _start(w, rec, step, "spike", loss)
+            return None
+        w.baseline = 0.9 * w.baseline + 0.1 * loss
+        w.spread = 0.9 * w.spread + 0.1 * distance
+        return None
+
+    def _tick(self, w: _Watch, rec: Record, loss: float) -> LossSignal | None:
+        """One more loss point after an onset: has it come back (recovered) or stayed (diverged)?"""
+        assert w.onset is not None
+        start, step, before, peak = w.onset
+        w.after += 1
+        if math.isfinite(loss):
+            peak = max(peak, loss) if math.isfinite(peak) else loss
+            w.onset = (start, step, before, peak)
+            if _came_back(w.onset_kind, before, peak, loss):
+                return self._recovered(w, start, step, before, peak, loss)
+        if w.after >= self.window:
+            return self._diverged(w, start, step, before, loss)
+        return None
+
+    def _recovered(self, w: _Watch, start: Record, step: float, before: float, peak: float,
+                   loss: float) -> LossSignal:
+        d = Divergence(kind=w.onset_kind, step=step, line_no=start.line_no, loss_before=_finite(before),
+                       loss_after=_finite(peak))
+        if len(self.recovered_spikes) < 64:
+            self.recovered_spikes.append(d)
+        w.onset, w.onset_kind, w.after = None, "", 0
+        if math.isfinite(loss):
+            w.baseline = loss if w.baseline is None else 0.5 * w.baseline + 0.5 * loss
+        return LossSignal("recovered", start, d)
+
+    def _diverged(self, w: _Watch, start: Record, step: float, before: float, loss: float) -> LossSignal:
+        peak = w.onset[3] if w.onset is not None else loss
+        d = Divergence(kind=w.onset_kind, step=step, line_no=start.line_no, loss_before=_finite(before),
+                       loss_after=_finite(loss) if math.isfinite(loss) else _finite(peak),
+                       rollback_to_step=self._checkpoint_before(step))
+        w.onset, w.onset_kind, w.after = None, "", 0
+        if self.divergence is None:
+            self.divergence = d
+        w.baseline = loss if math.isfinite(loss) else w.baseline  # a new level: watch from there
+        return LossSignal("diverged", start, d)
+
+    def _nan_interval(self, rec: Record, step: float) -> LossSignal | None:
+        w = self._watch
+        if w.onset is None:
+            _start(w, rec, step, "nan", math.nan)
+            return LossSignal("nan", rec)
+        return None
+
+    def _watch_skips(self, rec: Record, step: float, values: dict[str, float]) -> LossSignal | None:
+        """Skipped iterations in every logging interval, long after warm-up: the loss scaler cannot find
+        a scale at which the gradients are finite any more."""
+        w = self._watch
+        skipped = values.get("skipped_iters")
+        if skipped is None:
+            total = values["skipped_total"]
+            skipped = total - (w.skipped_total if w.skipped_total is not None else total)
+            w.skipped_total = total
+        w.skipped_runs = w.skipped_runs + 1 if skipped > 0 else 0
+        if w.skipped_runs >= 8 and w.seen > self.min_points and self.divergence is None:
+            d = Divergence(kind="skipped", step=step, line_no=rec.line_no, loss_before=_finite(w.baseline),
+                           rollback_to_step=self._checkpoint_before(step))
+            self.divergence = d
+            w.skipped_runs = 0
+            return LossSignal("diverged", rec, d)
+        return None
+
+    def _watch_grad(self, rec: Record, step: float, grad: float, loss: float | None) -> LossSignal | None:
+        w = self._watch
+        if not math.isfinite(grad):
+            if loss is None and w.onset is None:
+                _start(w, rec, step, "grad_norm", math.nan)
+            return None
+        if w.grad_baseline is None or w.seen <= self.min_points:
+            w.grad_baseline = grad if w.grad_baseline is None else 0.9 * w.grad_baseline + 0.1 * grad
+            return None
+        if grad > 100 * max(w.grad_baseline, 1e-6) and w.onset is None and loss is None:
+            _start(w, rec, step, "grad_norm", grad)
+            return None
+        w.grad_baseline = 0.95 * w.grad_baseline + 0.05 * grad
+        return None
+
+    def _checkpoint_before(self, step: float) -> int | None:
+        saved = [s for s, _ in self.checkpoints if s < step]
+        return max(saved) if saved else None
+
+    def close(self) -> LossSignal | None:
+        """The log ended: a spike still high, or a NaN never followed by a finite loss, diverged."""
+        w = self._watch
+        if w.onset is None:
+            return None
+        start, step, before, peak = w.onset
+        if w.onset_kind == "nan" or w.after >= 2:
+            return self._diverged(w, start, step, before, peak)
+        return None
+
+    # -- checkpoints, learning -------------------------------------------------------------------------
+
+    def note_checkpoint(self, step: int, line_no: int) -> None:
+        if any(s == step for s, _ in self.checkpoints[-4:]):
+            return  # every rank says it saved its shard of the same checkpoint
+        if len(self.checkpoints) >= _MAX_CHECKPOINTS:
+            self.checkpoints = self.checkpoints[len(self.checkpoints) // 2:]
+        self.checkpoints.append((step, line_no))
+
+    def learner(self, key: bytes) -> Learner:
+        learner = self.learners.get(key)
+        if learner is None:
+            if len(self.learners) > 4096:
+                self.learners.clear()
+            learner = self.learners[key] = Learner()
+        return learner
+
+    # -- what the rest of the pipeline asks ------------------------------------------------------------
+
+    def mark(self, source_key: str) -> ProgressMark:
+        """Where a source and the job are now: stamped on each event as it is found."""
+        src = self._sources.get(source_key)
+        return ProgressMark(
+            source_advances=src.advances if src is not None else 0,
+            source_step=src.step if src is not None else None,
+            job_advances=self.advances,
+            job_rises=self.rises,
+            job_step=self.max_step,
+            job_lines=self.lines,
+        )
+
+    def summary(self, last_output: dict[str, tuple[int, float | None]] | None = None) -> ProgressSummary:
+        """The report's view (see ProgressSummary); `last_output`: each source's last line of any kind."""
+        sources = [
+            SourceProgress(
+                key=key, rank=s.rank, host=s.host, first_line=s.first_line, last_line=s.last_line,
+                first_step=s.first_step, last_step=s.step, first_ts=s.first_ts, last_ts=s.last_ts,
+                lines=s.lines, advances=s.advances, steps_per_s=s.rate_ema,
+            )
+            for key, s in self._sources.items()
+        ]
+        return ProgressSummary(
+            lines=self.lines,
+            last_step=self.max_step,
+            last_line=self.last_line,
+            last_ts=self.last_ts,
+            sources=sources,
+            loss=list(self._loss.points),
+            step_time_s=list(self._step_time.points),
+            divergence=self.divergence,
+            recovered_spikes=list(self.recovered_spikes),
+            checkpoints=list(self.checkpoints),
+            last_output=dict(last_output or {}),
+            job_advances=self.advances,
+            job_rises=self.rises,
+        )
+
+
+def _spike_level(baseline: float, spread: float) -> float:
+    """How high a loss must jump above its recent average to start a spike: far beyond its usual
+    wobble, and by a good part of the loss itself (a loss of 6 jumping to 14, not 2.0 to 2.2)."""
+    return baseline + max(8 * spread, 0.5 * abs(baseline), 0.5)
+
+
+def _start(w: _Watch, rec: Record, step: float, kind: str, peak: float) -> None:
+    w.onset = (rec, step, w.baseline if w.baseline is not None else math.nan, peak)
+    w.onset_kind, w.after = kind, 0
+
+
+def _came_back(kind: str, before: float, peak: float, loss: float) -> bool:
+    """A spike came back when the loss went most of the way down to where it was; a NaN (or a
+    gradient blow-up) when a finite loss at the old level follows."""
+    if not math.isfinite(before):
+        return True
+    if kind == "spike":
+        return loss <= before + 0.3 * (peak - before)
+    return loss <= _spike_level(before, 0.0)
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
