@@ -21,7 +21,7 @@ from drain3.drain import Drain
 
 from logdx.config import CompressSettings
 from logdx.hosts import clean_hostname
-from logdx.model import CompressionSummary, KeptLine, Record, TemplateStats
+from logdx.model import CompressionSummary, KeptLine, ProgressSummary, Record, TemplateStats
 from logdx.timeline import LossSignal, ProgressShape, Timeline, checkpoint_step_of, may_count, progress_shape_of
 from logdx.patterns import (
     MASK,
@@ -771,8 +771,15 @@ class Compressor:
             rank_hosts=dict(self._rank_hosts),
             gpu_ranks=dict(self._gpu_ranks),
             allocated_hosts=list(self._allocated or []),
-            progress=self.timeline.summary({k: (s.last_line, s.last_ts) for k, s in self._sources.items()}),
+            progress=self._progress(),
         )
+
+    def _progress(self) -> ProgressSummary:
+        progress = self.timeline.summary({k: (s.last_line, s.last_ts) for k, s in self._sources.items()})
+        for s in progress.sources:  # a progress line rarely says its host; the rank's other lines do
+            if s.host is None and s.rank is not None:
+                s.host = self._rank_hosts.get(s.rank)
+        return progress
 
     def finish_timeline(self) -> list[KeptLine]:
         """The stream ended: a loss still far above its course, or a NaN never followed by a finite

@@ -267,6 +267,29 @@ class Attribution:
 
 
 @dataclass(slots=True)
+class Recovered:
+    """An event the job went on making progress after: a note, never the root, never an action."""
+
+    line_no: int
+    text: str
+    kind: str
+    rank: int | None
+    host: str | None
+    source: str  # "rule:<id>"
+
+
+@dataclass(slots=True)
+class StoppedFirst:
+    """The rank(s) whose progress or output stopped before the others': the silent rank of a hang."""
+
+    ranks: list[int]
+    hosts: list[str]
+    step: float | None
+    line_no: int
+    basis: str
+
+
+@dataclass(slots=True)
 class Diagnosis:
     status: str  # "failed" | "healthy" | "empty" (no log text at all)
     label: Label | None
@@ -279,4 +302,6 @@ class Diagnosis:
     votes: list[StageVote] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     context: FailureContext | None = None  # what retrieval and the LLM saw; kept with the report
+    recovered: list[Recovered] = field(default_factory=list)  # what the job went on after
+    stopped_first: StoppedFirst | None = None
     stage_ms: dict[str, float] = field(default_factory=dict)  # time spent in each diagnosis stage

@@ -110,9 +110,10 @@ class Engine:
     def new_session(self) -> Session:
         return Session(self)
 
-    def diagnose_path(self, path: str | Path) -> tuple[Report, FailureContext | None]:
+    def diagnose_path(self, path: str | Path, exit_code: int | None = None) -> tuple[Report, FailureContext | None]:
         """Diagnose a whole file (or `-` for stdin) in one streaming pass: the report, and the
-        masked failure context it was made from (what `remember` stores for feedback).
+        masked failure context it was made from (what `remember` stores for feedback). `exit_code`:
+        how the job ended, when known (0 and no fatal event is healthy).
 
         Raises `InputError` when the input cannot be read, a truncated or corrupt gzip included."""
         session = self.new_session()
@@ -122,7 +123,7 @@ class Engine:
             except (EOFError, gzip.BadGzipFile, zlib.error) as e:
                 name = "stdin" if str(path) == "-" else str(path)
                 raise InputError(f"{name}: truncated or corrupt gzip data ({e})") from None
-        report = session.report()
+        report = session.report(exit_code)
         return report, session.last_context
 
 

@@ -38,6 +38,9 @@ def add_diagnose_args(p: argparse.ArgumentParser) -> None:
                    help="text, ndjson, msgpack, otlp, otlp-json, loki, loki-json, or auto (the default: "
                         "recognised by the first bytes where that is unambiguous, else text)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--exit-code", type=int, default=None, metavar="N",
+                   help="how the job ended, when you know it: 0 with no fatal event in the log is healthy "
+                        "(whatever it printed on the way); non-zero is a failure even when the log says nothing")
     add_engine_args(p)
     add_color_args(p)
 
@@ -49,7 +52,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
     engine = build_engine(settings_from(args), args.rules)
     try:
-        report, context = diagnose_file(engine, args.log, args.format)
+        report, context = diagnose_file(engine, args.log, args.format, args.exit_code)
     except (InputError, FormatError) as e:
         raise UsageError(str(e)) from None
     if report.status == "empty":
@@ -62,7 +65,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def diagnose_file(engine: Engine, path: str, fmt: str) -> tuple[Report, FailureContext | None]:
+def diagnose_file(engine: Engine, path: str, fmt: str,
+                  exit_code: int | None = None) -> tuple[Report, FailureContext | None]:
     """Text goes the fast way (`Engine.diagnose_path`); a shipper's format through `logdx.formats`,
     every record one job's (whatever job it names), records without a line noted in the report."""
     import gzip
@@ -82,14 +86,15 @@ def diagnose_file(engine: Engine, path: str, fmt: str) -> tuple[Report, FailureC
             name = "stdin" if str(path) == "-" else str(path)
             raise InputError(f"{name}: binary data, not a text log (for a shipper's format, see --format)")
         if chosen == "text":
-            return engine.diagnose_path(path) if str(path) != "-" else _feed(engine, f, meta, "text")
+            return engine.diagnose_path(path, exit_code) if str(path) != "-" else _feed(engine, f, meta, "text", exit_code)
         try:
-            return _feed(engine, f, meta, chosen)
+            return _feed(engine, f, meta, chosen, exit_code)
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
             raise InputError(f"{path}: truncated or corrupt gzip data ({e})") from None
 
 
-def _feed(engine: Engine, f: BinaryIO, meta: Meta, fmt: str) -> tuple[Report, FailureContext | None]:
+def _feed(engine: Engine, f: BinaryIO, meta: Meta, fmt: str,
+          exit_code: int | None = None) -> tuple[Report, FailureContext | None]:
     from logdx import formats
 
     session = engine.new_session()
@@ -98,7 +103,7 @@ def _feed(engine: Engine, f: BinaryIO, meta: Meta, fmt: str) -> tuple[Report, Fa
         session.feed_runs((source, lines) for _, source, lines in batch.runs)
         for reason, n in batch.refused.items():
             refused[reason] = refused.get(reason, 0) + n
-    report = session.report()
+    report = session.report(exit_code)
     if refused:
         report.notes.append("records without a line, skipped: " + ", ".join(f"{n} {r}" for r, n in sorted(refused.items())))
     return report, session.last_context

@@ -16,7 +16,8 @@ from typing import Protocol
 
 from logdx.diagnose.culprit import blames_one_node
 from logdx.diagnose.fusion import FusionResult, FusionWeights, fuse, needs_arbiter
-from logdx.diagnose.rootcause import RulesOutcome, find_root_cause, likeliest_unexplained
+from logdx.diagnose.life import first_stopped
+from logdx.diagnose.rootcause import Finding, RulesOutcome, find_root_cause, likeliest_unexplained
 from logdx.diagnose.rules import RuleSet
 from logdx.model import (
     Action,
@@ -26,6 +27,7 @@ from logdx.model import (
     Event,
     FailureContext,
     Label,
+    Recovered,
     Role,
     StageVote,
     TemplateStats,
@@ -70,6 +72,14 @@ class Diagnoser:
         t0 = time.perf_counter()
         outcome = find_root_cause(events, summary, templates, self.rules, exited_ok=exit_code == 0)
         stage_ms = {"rules": _ms_since(t0)}
+        diagnosis = self._diagnose(outcome, summary, templates, exit_code, stage_ms)
+        diagnosis.recovered = [_recovered(f) for f in outcome.recovered]
+        if diagnosis.status == "failed":
+            diagnosis.stopped_first = first_stopped(summary)
+        return diagnosis
+
+    def _diagnose(self, outcome: RulesOutcome, summary: CompressionSummary, templates: Sequence[TemplateStats],
+                  exit_code: int | None, stage_ms: dict[str, float]) -> Diagnosis:
         if not exit_code and not any(t.template.strip() for t in templates):
             return Diagnosis(status="empty", label=None, confidence=1.0, root=None,
                              explanation="No log lines: the input is empty or holds only blank lines.",
@@ -115,6 +125,12 @@ class Diagnoser:
         finally:
             diagnosis.stage_ms[name] = _ms_since(t0)
         votes.append(vote)
+
+
+def _recovered(f: Finding) -> Recovered:
+    line = f.hit.line
+    return Recovered(line_no=line.line_no, text=line.raw, kind=f.event.kind, rank=line.rank, host=line.host,
+                     source=f"rule:{f.hit.rule_id}")
 
 
 def settle_action(diagnosis: Diagnosis) -> Diagnosis:

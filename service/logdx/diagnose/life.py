@@ -17,9 +17,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from logdx.model import CompressionSummary, Event, ProgressMark, ProgressSummary, SourceProgress
+from logdx.model import CompressionSummary, Event, ProgressMark, ProgressSummary, SourceProgress, StoppedFirst
 
-__all__ = ["FirstStopped", "Stop", "first_stopped", "is_warning", "ran_to_completion", "stop_of", "went_on_after"]
+__all__ = ["Stop", "first_stopped", "is_warning", "ran_to_completion", "stop_of", "went_on_after"]
 
 # The job, or the rank, advanced this many times after an event: it went on. One is not enough: a step
 # already in flight when a rank died can still be printed by the others (a collective needs everyone
@@ -85,18 +85,7 @@ def ran_to_completion(progress: ProgressSummary, totals: dict[str, float] | None
     return any(progress.last_step >= t > 0 for t in totals.values())
 
 
-@dataclass(slots=True)
-class FirstStopped:
-    """The rank(s) that stopped before the others: the silent rank of a hang."""
-
-    ranks: list[int]
-    hosts: list[str]
-    step: float | None
-    line_no: int
-    basis: str
-
-
-def first_stopped(summary: CompressionSummary) -> FirstStopped | None:
+def first_stopped(summary: CompressionSummary) -> StoppedFirst | None:
     """By progress when several ranks print it (the laggards), else by output (ranks that printed
     during training and fell silent while the job went on, or while the others reported the cascade)."""
     return _by_progress(summary) or _by_output(summary)
@@ -106,7 +95,7 @@ def _minority(n: int, of: int) -> bool:
     return 0 < n <= max(1, of // 8)
 
 
-def _by_progress(summary: CompressionSummary) -> FirstStopped | None:
+def _by_progress(summary: CompressionSummary) -> StoppedFirst | None:
     ranked = [s for s in summary.progress.sources if s.rank is not None and s.advances >= MIN_ADVANCES]
     if len(ranked) < 2:
         return None
@@ -138,7 +127,7 @@ def _behind_in_time(ranked: list[SourceProgress], summary: CompressionSummary) -
     return [s for s in ranked if s.last_ts is not None and top - s.last_ts > 3 * interval]
 
 
-def _by_output(summary: CompressionSummary) -> FirstStopped | None:
+def _by_output(summary: CompressionSummary) -> StoppedFirst | None:
     progress = summary.progress
     if progress.lines == 0:
         return None
@@ -157,9 +146,9 @@ def _by_output(summary: CompressionSummary) -> FirstStopped | None:
     return _stopped(sources, summary, "it fell silent while the other ranks went on")
 
 
-def _stopped(sources: list[SourceProgress], summary: CompressionSummary, basis: str) -> FirstStopped:
+def _stopped(sources: list[SourceProgress], summary: CompressionSummary, basis: str) -> StoppedFirst:
     ranks = sorted(s.rank for s in sources if s.rank is not None)
     hosts = sorted({h for s in sources if (h := s.host or summary.rank_hosts.get(s.rank if s.rank is not None else -1))})
     steps = [s.last_step for s in sources if s.last_step is not None]
-    return FirstStopped(ranks=ranks, hosts=hosts, step=min(steps) if steps else None,
+    return StoppedFirst(ranks=ranks, hosts=hosts, step=min(steps) if steps else None,
                         line_no=min(s.last_line for s in sources), basis=basis)
