@@ -31,12 +31,20 @@ def watchdog(rank: int, seq: int = 42, t: str = "12:30:00") -> str:
             f"operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1800004 milliseconds before timing out.")
 
 
-def test_symptoms_only_name_the_silent_rank(engine):
+def test_symptoms_only_name_the_silent_rank_as_a_hang(engine):
     lines = [progress(r, 1) for r in range(16)] + [watchdog(r) for r in range(16) if r != 5]
     report = diagnose(engine, lines)
-    assert (report.category, report.failure_type, report.action) == ("infrastructure", "nccl_timeout", "restart")
+    # A hang, with its culprit; no host is named anywhere, so nothing to cordon: a restart.
+    assert (report.category, report.failure_type, report.action) == ("infrastructure", "hang", "restart")
     assert report.culprits.ranks == [5]
     assert report.confidence <= 0.6
+
+
+def test_timeouts_with_no_rank_to_point_at_stay_a_collective_timeout(engine):
+    lines = [progress(r, 1) for r in range(16)] + [watchdog(r) for r in range(16)]
+    report = diagnose(engine, lines)
+    assert (report.category, report.failure_type, report.action) == ("infrastructure", "nccl_timeout", "restart")
+    assert report.culprits.ranks == []
 
 
 def test_symptoms_only_name_the_rank_lagging_in_collective_sequence(engine):
@@ -173,7 +181,7 @@ def test_a_time_limit_after_the_timeouts_ends_a_hang_it_did_not_cause(engine):
     lines = [progress(r, 1) for r in range(8)] + [watchdog(r) for r in range(8) if r != 3]
     lines.append("slurmstepd: error: *** JOB 4242 ON node-3 CANCELLED AT 2024-05-01T14:00:00 DUE TO TIME LIMIT ***")
     report = diagnose(engine, lines)
-    assert report.failure_type == "nccl_timeout" and report.culprits.ranks == [3]
+    assert report.failure_type == "hang" and report.culprits.ranks == [3]
 
 
 def test_the_explanation_quotes_the_exception_and_the_users_file_and_line(engine):

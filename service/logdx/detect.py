@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from logdx.config import DetectSettings
 from logdx.model import CompressionSummary, Event, Frame, KeptLine, Record
+from logdx.stacks import classify_line
 from logdx.patterns import (
     CHAINED,
     ORIGINAL_TRACEBACK,
@@ -84,6 +85,39 @@ class _OpenTraceback:
     glued: str | None = None  # the exception class glued to the closing line; its ": message" is next
 
 
+@dataclass(slots=True)
+class _Thread:
+    name: str
+    main: bool
+    frames: list[Frame] = field(default_factory=list)  # innermost first, as dumps print them
+    first: Record | None = None  # its innermost frame's line
+
+
+@dataclass(slots=True)
+class _OpenStack:
+    """A stack dump being read: one process's threads (py-spy `dump`, faulthandler)."""
+
+    header: Record
+    pid: int | None = None
+    threads: list[_Thread] = field(default_factory=list)
+    lines: list[Record] = field(default_factory=list)
+
+    def event(self) -> Event | None:
+        """One `stack_dump` event for the process: its main thread's frames (outermost first, as in
+        a traceback), anchored at that thread's innermost frame - where the process waits."""
+        threads = [t for t in self.threads if t.frames]
+        if not threads:
+            return None
+        main = next((t for t in threads if t.main), None) or next(
+            (t for t in threads if t.frames[-1].function == "<module>"), threads[0])
+        assert main.first is not None
+        return Event(kind="stack_dump", anchor=main.first, lines=self.lines, frames=list(reversed(main.frames)),
+                     attrs={"pid": self.pid, "thread": main.name, "threads": len(threads)})
+
+
+_MAX_STACK_THREADS = 256
+
+
 @dataclass
 class Detector:
     config: DetectConfig = field(default_factory=DetectConfig)
@@ -95,6 +129,7 @@ class Detector:
         self._last_raised: dict[str, Event] = {}
         self._chain_pending: set[str] = set()  # "During handling of the above exception" was said
         self._host_follows: dict[str, Event] = {}  # an event whose host is on one of the next lines
+        self._stacks: dict[str, _OpenStack] = {}  # a stack dump being read, per source
         self.events_emitted = 0
 
     def feed(self, kept: KeptLine) -> list[Event]:
@@ -102,6 +137,10 @@ class Detector:
         rec = kept.record
         key = rec.source_key
         self._note_named_host(key, rec)
+        if kept.reason == "stack":
+            return self._stack_line(key, rec)
+        if key in self._stacks:  # anything else from the process ends its dump
+            return self._count(self._close_stack(key)) + self.feed(kept)
         if rec.text.lstrip().startswith(CHAINED):
             self._chain_pending.add(key)  # the traceback that follows is the next link of the chain
             return []
@@ -140,11 +179,12 @@ class Detector:
 
     def finish(self, summary: CompressionSummary, last_progress: Record | None = None) -> list[Event]:
         """Close what is still open and look at the stream as a whole (stalls)."""
+        dumps = [ev for key in list(self._stacks) for ev in self._close_stack(key)]
         for tb in self._open.values():
             if tb.glued is not None:  # the stream ended on a closing line with a glued class
                 tb.event.exception_type, tb.event.exception_message = tb.glued, ""
                 tb.event.anchor = tb.event.lines[-1]
-        out = [tb.event for tb in self._open.values() if not tb.closed]
+        out = dumps + [tb.event for tb in self._open.values() if not tb.closed]
         for ev in out:
             if not ev.exception_type:
                 _raised_by_last_frame(ev)
@@ -162,6 +202,37 @@ class Detector:
             return []
         self.events_emitted += len(events)
         return events
+
+    # -- stack dumps --------------------------------------------------------------------------------
+
+    def _stack_line(self, key: str, rec: Record) -> list[Event]:
+        what = classify_line(rec.text)
+        out: list[Event] = []
+        dump = self._stacks.get(key)
+        if what is None or what.kind == "process" or dump is None:
+            if dump is not None:
+                out = self._close_stack(key)
+            dump = self._stacks[key] = _OpenStack(header=rec)
+        if what is None:
+            return self._count(out)
+        dump.lines.append(rec)
+        if what.kind == "process":
+            dump.pid = what.pid
+        elif what.kind == "thread" and len(dump.threads) < _MAX_STACK_THREADS:
+            dump.threads.append(_Thread(name=what.thread or "", main=what.main))
+        elif what.kind == "frame" and what.frame is not None:
+            if not dump.threads:
+                dump.threads.append(_Thread(name="", main=False))
+            thread = dump.threads[-1]
+            if thread.first is None:
+                thread.first = rec
+            thread.frames.append(what.frame)
+        return self._count(out)
+
+    def _close_stack(self, key: str) -> list[Event]:
+        dump = self._stacks.pop(key, None)
+        ev = dump.event() if dump is not None else None
+        return [ev] if ev is not None else []
 
     # -- tracebacks ---------------------------------------------------------------------------------
 

@@ -243,6 +243,8 @@ class Session:
         for ev in new:
             # Where its rank and the job were when it happened: did they go on after it?
             ev.attrs.setdefault("progress_at", timeline.mark(ev.anchor.source_key))
+            if ev.kind == "stack_dump":
+                continue  # where a process waits, read as a whole by the diagnosis (diagnose/hangs.py)
             hits = self.engine.rules.match(ev)
             if hits and hits[0].role == Role.ROOT_CAUSE:
                 self.root_cause_events.append(ev)

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from logdx.diagnose.life import first_stopped
 from logdx.hosts import clean_hostname
 from logdx.model import Attribution, CompressionSummary, Event, Role
 from logdx.patterns import pci_key
@@ -26,7 +27,7 @@ from logdx.patterns import pci_key
 if TYPE_CHECKING:
     from logdx.diagnose.rootcause import Finding
 
-__all__ = ["attribute", "blames_one_node"]
+__all__ = ["HANG_BASES", "attribute", "blames_one_node"]
 
 # A job this small with no host name anywhere is one machine's log: the machine is blamed, unnamed.
 _SINGLE_NODE_MAX_RANKS = 8
@@ -206,6 +207,12 @@ def _why_no_host(winner: Finding, att: Attribution, summary: CompressionSummary)
 
 # -- only symptoms: a hang ----------------------------------------------------------------------------
 
+_LAGGING = "the rank lagging in collective sequence numbers"
+_SILENT = "the rank that fell silent while the others timed out"
+# How a hang's culprit can be told (life.first_stopped says which of its own applied).
+HANG_BASES = frozenset({_LAGGING, _SILENT, "its training progress stopped before the other ranks'",
+                        "it fell silent while the other ranks went on"})
+
 
 def _silent_or_lagging(findings: Sequence[Finding], summary: CompressionSummary) -> Attribution:
     symptoms = [f for f in findings if f.hit.role == Role.SYMPTOM]
@@ -214,9 +221,11 @@ def _silent_or_lagging(findings: Sequence[Finding], summary: CompressionSummary)
     for f in symptoms:
         reporting |= f.ranks
         seq_by_rank.update(f.seq_by_rank)
-    ranks, basis = _lagging(seq_by_rank), "the rank lagging in collective sequence numbers"
+    ranks, basis = _lagging(seq_by_rank), _LAGGING
+    if not ranks and (stopped := first_stopped(summary)) is not None:
+        ranks, basis = stopped.ranks, stopped.basis
     if not ranks:
-        ranks, basis = _silent(reporting, summary), "the rank that fell silent while the others timed out"
+        ranks, basis = _silent(reporting, summary), _SILENT
     if not ranks:
         return Attribution(single_node=_one_unnamed_machine(summary),
                            notes=["only symptoms, and no silent or lagging rank to point at"])

@@ -16,7 +16,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from logdx.diagnose.culprit import attribute
+from logdx.diagnose.culprit import HANG_BASES, attribute
+from logdx.diagnose.hangs import minority_hit, silent_rank_label, stack_minority
 from logdx.diagnose.life import MIN_ADVANCES, is_warning, went_on_after
 from logdx.diagnose.origin import locate
 from logdx.diagnose.rules import RuleHit, RuleSet, render_hint
@@ -83,11 +84,21 @@ def find_root_cause(
 ) -> RulesOutcome:
     """`exited_ok`: the job is known to have exited 0, so any error its process trained past at
     all was survived."""
-    everything, unexplained = _match_all(events, rules, summary, 1 if exited_ok else MIN_ADVANCES)
+    dumps = [e for e in events if e.kind == "stack_dump"]
+    everything, unexplained = _match_all([e for e in events if e.kind != "stack_dump"], rules, summary,
+                                         1 if exited_ok else MIN_ADVANCES)
     findings = [f for f in everything if not f.survived]
     recovered = [f for f in everything if f.survived and f.hit.role is not Role.SYMPTOM]
     winner, role = _choose(findings, summary)
+    if role in (None, Role.SYMPTOM) and (minority := stack_minority(dumps)) is not None:
+        # Only symptoms (or nothing), and the stacks show who the others wait for: that is the cause.
+        winner, role = Finding(event=minority.events[0], hit=minority_hit(minority)), Role.ROOT_CAUSE
+        findings.append(winner)
     att = attribute(winner, role, findings, summary)
+    if role is Role.SYMPTOM and winner is not None and att.ranks and att.basis in HANG_BASES \
+            and winner.hit.label.failure_type in ("nccl_timeout", "hang"):
+        # The collective timed out waiting for a rank the log shows stopping: a hang, with its culprit.
+        winner = replace(winner, hit=replace(winner.hit, label=silent_rank_label()))
     vote = _vote(winner, findings)
     context = failure_context(winner.hit.line if winner else likeliest_unexplained(unexplained), winner, templates)
     explanation = _explain(winner, role, findings, att.hosts, att.ranks, att.gpus) + _raised_where(winner, rules)

@@ -1,0 +1,132 @@
+"""Hangs, from what the log shows.
+
+A hung job prints little: the ranks wait in a collective until a watchdog fires (or forever). What
+points at the culprit:
+
+- **stack dumps** (py-spy `dump`, faulthandler) of the processes: most of them sit in the same
+  collective (`all_reduce`, `broadcast`, `barrier`...); the few that do not - waiting on the
+  DataLoader's queue, in file I/O, on a lock, in the user's own function - are why the others wait.
+  The minority's innermost frame is the root line, and who owns the code it waits in decides the
+  category: the user's code (`script_hang`), a library (`framework_hang`), nothing but the
+  interpreter and native code (`hang`: the machine, the GPU, the network);
+- **the silent rank** (culprit.py, life.py): the rank missing from the watchdogs' reports, lagging
+  in collective sequence numbers, or whose progress or output stopped first;
+- **flight-recorder dumps** (logdx/flightrec.py): the ranks missing from the last collective.
+
+This module reads the stack dumps and builds the verdicts the rules stage takes as root causes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from logdx.diagnose.rules import RuleHit
+from logdx.model import Category, Event, Frame, Label, Role
+from logdx.stacks import frame_owner
+from logdx.taxonomy import default_action, module_of_path
+
+__all__ = ["HANG_TYPES", "Minority", "hang_label", "in_collective", "minority_hit", "silent_rank_label", "stack_minority"]
+
+HANG_TYPES = frozenset({"hang", "framework_hang", "script_hang"})
+# Functions a process waits in when it is inside a collective (or waiting for the GPU to finish one).
+_COLLECTIVES = frozenset({
+    "all_reduce", "allreduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "_all_gather_base",
+    "all_gather_object", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast",
+    "broadcast_object_list", "barrier", "monitored_barrier", "all_to_all", "all_to_all_single", "reduce", "gather",
+    "scatter", "send", "recv", "isend", "irecv", "batch_isend_irecv", "wait", "_wait", "synchronize", "wait_stream",
+})
+_DISTRIBUTED_PATHS = ("distributed", "c10d", "nccl", "deepspeed/comm", "torch/cuda", "megatron/core/parallel_state")
+_INNERMOST = 8  # how deep into a stack a collective is looked for
+_MIN_PROCESSES = 3
+
+
+@dataclass(slots=True)
+class Minority:
+    """The processes that are not where the others are."""
+
+    events: list[Event]  # their stack dumps
+    majority_op: str  # the collective the others wait in
+    processes: int  # how many processes dumped their stack
+    owner: str  # "user" | "library" | "stdlib" | "native" | "": who owns the code the minority waits in
+    frame: Frame | None  # the innermost frame of that owner
+
+
+def in_collective(frames: Sequence[Frame]) -> str | None:
+    """The collective a stack waits in (outermost first, as tracebacks are), or None."""
+    for f in list(reversed(frames))[:_INNERMOST]:
+        name = (f.function or "").rsplit(".", 1)[-1]
+        path = f.path.replace("\\", "/")
+        if name in _COLLECTIVES and (any(p in path for p in _DISTRIBUTED_PATHS) or name not in ("wait", "_wait", "synchronize")):
+            return name
+    return None
+
+
+def stack_minority(events: Sequence[Event]) -> Minority | None:
+    """When most processes wait in a collective and a few do not: those few."""
+    dumps = [e for e in events if e.kind == "stack_dump" and e.frames]
+    dumps = _latest_per_process(dumps)
+    if len(dumps) < _MIN_PROCESSES:
+        return None
+    ops = [in_collective(e.frames) for e in dumps]
+    inside = [op for op in ops if op is not None]
+    outside = [e for e, op in zip(dumps, ops) if op is None]
+    if not outside or len(outside) > max(1, len(dumps) // 8) or len(inside) < 2:
+        return None
+    majority = max(set(inside), key=inside.count)
+    owner, frame = _owner_of_wait(outside[0].frames)
+    return Minority(events=outside, majority_op=majority, processes=len(dumps), owner=owner, frame=frame)
+
+
+def _latest_per_process(dumps: list[Event]) -> list[Event]:
+    """A process dumped twice (py-spy run again a minute later): its last dump says where it is."""
+    latest: dict[tuple[str, object], Event] = {}
+    for e in dumps:
+        latest[(e.anchor.source_key, e.attrs.get("pid"))] = e
+    return list(latest.values())
+
+
+def _owner_of_wait(frames: Sequence[Frame]) -> tuple[str, Frame | None]:
+    """Who owns the code a process waits in: from its innermost frame outwards, past the interpreter's
+    own modules (queue.get, threading.wait) and native frames, the first library or user frame."""
+    for f in reversed(frames):
+        owner = frame_owner(f, module_of_path(f.path))
+        if owner in ("library", "user"):
+            return owner, f
+    return ("stdlib", frames[-1]) if frames else ("", None)
+
+
+def hang_label(owner: str) -> Label:
+    """`script_hang` in the user's code, `framework_hang` in a library, else `hang` (the machine)."""
+    failure_type = {"user": "script_hang", "library": "framework_hang"}.get(owner, "hang")
+    category = {"script_hang": Category.SCRIPT, "framework_hang": Category.FRAMEWORK}.get(failure_type,
+                                                                                           Category.INFRASTRUCTURE)
+    return Label(category, failure_type, default_action(category, failure_type))
+
+
+def minority_hit(m: Minority) -> RuleHit:
+    """The minority as a root cause the rules stage can rank and explain."""
+    ev = m.events[0]
+    label = hang_label(m.owner)
+    where = f"{m.frame.function} ({m.frame.path}:{m.frame.line})" if m.frame is not None else ev.anchor.text.strip()
+    n = len(m.events)
+    title = (f"{n} of {m.processes} processes {'is' if n == 1 else 'are'} not in the collective the others wait in "
+             f"({m.majority_op}): stuck in {where}")
+    hints = {
+        "script_hang": "The process is stuck in your code (see the root frame) while the others wait for it in "
+                       f"{m.majority_op}: fix the code path (a loop, a lock, I/O without a timeout) before restarting.",
+        "framework_hang": "The process waits inside a library (see the root frame: a DataLoader queue, storage I/O, a "
+                          f"lock) while the others wait for it in {m.majority_op}: check its data loading and storage; "
+                          "a restart alone will likely hang again.",
+        "hang": f"The process is stuck outside {m.majority_op} with no Python code of its own on the stack (native "
+                "code, the GPU or the network): restart without its node if it is named, and check that node.",
+    }
+    return RuleHit(
+        rule_id="hang-outside-collective", pack="hangs", title=title, role=Role.ROOT_CAUSE, label=label,
+        severity="high", confidence=0.8, line=ev.anchor, groups={}, hint=hints[label.failure_type], event=ev,
+    )
+
+
+def silent_rank_label() -> Label:
+    """A hang whose culprit is the rank that went quiet: the machine's, until more is known."""
+    return Label(Category.INFRASTRUCTURE, "hang", default_action(Category.INFRASTRUCTURE, "hang"))
