@@ -12,6 +12,7 @@ masked line is error-bearing or a progress line is decided once per distinct mas
 
 from __future__ import annotations
 
+import math
 import re
 from collections import deque
 from collections.abc import Callable
@@ -607,7 +608,8 @@ class Compressor:
                 self._last_progress_ts = ts
         assert shape.progress is not None
         signal = self.timeline.note(rec, source_key, shape.progress, shape.template_id)
-        if shape.progress.has_loss and (signal is None or signal.kind != "nan"):
+        loss = self.timeline.last_loss
+        if loss is not None and math.isfinite(loss):
             self._last_finite_loss_line[source_key] = rec.line_no
         return signal
 

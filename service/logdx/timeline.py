@@ -299,16 +299,21 @@ class _Series:
 
 @dataclass(slots=True)
 class _Watch:
-    """The divergence watch over one source's loss: a baseline (an average that follows the loss
-    slowly), a spike candidate when the loss leaves it far behind, confirmed when the loss does not
-    come back within `window` points, dropped (a note: recovered) when it does."""
+    """The divergence watch over one source's loss. Its course: an average that follows the loss
+    slowly (`baseline`), the lowest that average reached (`low`) and the loss's usual wobble around it
+    (`spread`). A run of points above the course starts a candidate (`onset`); the run ends when the
+    loss is back on its course (a spike that came back: a note when it was big), and it is a divergence
+    when it went far above the course (half as high again) and did not come back within `window` points
+    (or before the log ended). A sudden jump and a steady climb are read alike."""
 
     baseline: float | None = None
+    low: float | None = None
     spread: float = 0.0  # typical distance from the baseline
     seen: int = 0
     onset: tuple[Record, float, float, float] | None = None  # (line, step, loss before, peak)
     onset_kind: str = ""
     after: int = 0  # points since the onset
+    last: float = math.nan  # the loss of the last of them
     skipped_runs: int = 0  # consecutive logging intervals with skipped iterations
     skipped_total: float | None = None  # the last cumulative count (DeepSpeed's "skipped=N")
     grad_baseline: float | None = None
@@ -329,7 +334,7 @@ class Timeline:
     """Per-source and job-wide progress, fed line by line by the compressor."""
 
     window: int = 20  # loss points after a spike within which it must come back
-    min_points: int = 20  # loss points before a spike can count (warm-up is noisy)
+    min_points: int = 20  # intervals before skipped iterations or a gradient norm can count (warm-up is noisy)
 
     def __post_init__(self) -> None:
         self._sources: dict[str, _Source] = {}
@@ -346,6 +351,7 @@ class Timeline:
         self.divergence: Divergence | None = None
         self.recovered_spikes: list[Divergence] = []
         self.checkpoints: list[tuple[int, int]] = []  # (step, line_no)
+        self.last_loss: float | None = None  # the loss the last progress line gave (None: none)
         self.learners: dict[bytes, Learner] = {}
 
     # -- the hot path: one progress line ----------------------------------------------------------------
@@ -356,6 +362,7 @@ class Timeline:
         if len(nums) != shape.n_numbers:
             return None  # a line this shape does not describe (a number written another way)
         self.lines += 1
+        self.last_loss = None
         line_no, ts = rec.line_no, rec.ts
         self.last_line = line_no
         if ts is not None:
@@ -438,6 +445,7 @@ class Timeline:
             src.rate_anchor = (ts, step)
 
     def _measure(self, rec: Record, source_key: str, values: dict[str, float], src: _Source) -> LossSignal | None:
+        self.last_loss = values.get("loss")
         step = src.step if src.step is not None else (self.max_step if self.max_step is not None else float(src.lines))
         if "step_time_ms" in values:
             self._step_time.add(step, values["step_time_ms"] / 1000)
@@ -470,48 +478,61 @@ class Timeline:
                 _start(w, rec, step, "nan", loss)
                 return LossSignal("nan", rec)
             first_nan = w.onset_kind != "nan"
-            w.onset_kind = "nan"  # a spike that went on to NaN: the divergence began at the spike
+            w.onset_kind = "nan"  # a run above the course that went on to NaN: it began there
             tick = self._tick(w, rec, loss)
             return tick or (LossSignal("nan", rec) if first_nan else None)
-        if w.onset is not None:
-            signal = self._tick(w, rec, loss)
-            if signal is not None or w.onset is not None:
-                return signal
         w.seen += 1
-        if w.baseline is None:
-            w.baseline = loss
+        if self.divergence is not None and self.divergence.loss_before is not None \
+                and loss <= _course(self.divergence.loss_before, w.spread):
+            self._retract()  # it came back after all, later than the window: a spike, not a divergence
+        if w.onset is not None:
+            return self._tick(w, rec, loss)
+        if w.baseline is None or w.low is None:
+            w.baseline = w.low = loss
             return None
-        distance = abs(loss - w.baseline)
-        if w.seen > self.min_points and loss > _spike_level(w.baseline, w.spread):
+        if loss > _course(w.low, w.spread):
             _start(w, rec, step, "spike", loss)
             return None
+        w.spread = 0.9 * w.spread + 0.1 * abs(loss - w.baseline)
         w.baseline = 0.9 * w.baseline + 0.1 * loss
-        w.spread = 0.9 * w.spread + 0.1 * distance
+        w.low = min(w.low, w.baseline)
         return None
 
+    def _retract(self) -> None:
+        assert self.divergence is not None
+        if len(self.recovered_spikes) < 64:
+            self.recovered_spikes.append(self.divergence)
+        self.divergence = None
+
     def _tick(self, w: _Watch, rec: Record, loss: float) -> LossSignal | None:
-        """One more loss point after an onset: has it come back (recovered) or stayed (diverged)?"""
+        """One more loss point of a run above the course: back on it (recovered, or only noise), still
+        far above it after `window` points (diverged), or still going."""
         assert w.onset is not None
         start, step, before, peak = w.onset
         w.after += 1
         if math.isfinite(loss):
+            w.last = loss
             peak = max(peak, loss) if math.isfinite(peak) else loss
             w.onset = (start, step, before, peak)
-            if _came_back(w.onset_kind, before, peak, loss):
-                return self._recovered(w, start, step, before, peak, loss)
+            if not math.isfinite(before) or loss <= _course(before, w.spread):
+                return self._back(w, start, step, before, peak, loss)
         if w.after >= self.window:
+            if w.onset_kind == "spike" and not _far_above(before, peak):
+                w.onset, w.baseline, w.low = None, loss, loss  # a new, slightly higher course: not a blow-up
+                return None
             return self._diverged(w, start, step, before, loss)
         return None
 
-    def _recovered(self, w: _Watch, start: Record, step: float, before: float, peak: float,
-                   loss: float) -> LossSignal:
-        d = Divergence(kind=w.onset_kind, step=step, line_no=start.line_no, loss_before=_finite(before),
+    def _back(self, w: _Watch, start: Record, step: float, before: float, peak: float, loss: float) -> LossSignal | None:
+        kind = w.onset_kind
+        w.onset, w.onset_kind, w.after = None, "", 0
+        if math.isfinite(before) and kind == "spike" and not _far_above(before, peak):
+            return None  # a wobble above the course, nothing to note
+        d = Divergence(kind=kind, step=step, line_no=start.line_no, loss_before=_finite(before),
                        loss_after=_finite(peak))
         if len(self.recovered_spikes) < 64:
             self.recovered_spikes.append(d)
-        w.onset, w.onset_kind, w.after = None, "", 0
-        if math.isfinite(loss):
-            w.baseline = loss if w.baseline is None else 0.5 * w.baseline + 0.5 * loss
+        w.baseline = loss if w.baseline is None else 0.5 * w.baseline + 0.5 * loss
         return LossSignal("recovered", start, d)
 
     def _diverged(self, w: _Watch, start: Record, step: float, before: float, loss: float) -> LossSignal:
@@ -570,12 +591,19 @@ class Timeline:
         return max(saved) if saved else None
 
     def close(self) -> LossSignal | None:
-        """The log ended: a spike still high, or a NaN never followed by a finite loss, diverged."""
+        """The log ended: a NaN never followed by a finite loss, or a run far above the course that had
+        not come back, diverged."""
         w = self._watch
         if w.onset is None:
             return None
         start, step, before, peak = w.onset
-        if w.onset_kind == "nan" or w.after >= 2:
+        if w.onset_kind != "spike":
+            return self._diverged(w, start, step, before, peak)
+        # Every point since the onset stayed above the course (else the run would have ended): it
+        # diverged when the loss was still far above where it had been (a spike on its way back down
+        # when the log ended says nothing), or when the log ends on a jump that doubled the loss.
+        still_high = w.after >= 1 and w.last >= before + 0.4 * abs(before)
+        if math.isfinite(before) and (still_high or (w.after == 0 and peak >= 2 * before > 0)):
             return self._diverged(w, start, step, before, peak)
         return None
 
@@ -637,25 +665,22 @@ class Timeline:
         )
 
 
-def _spike_level(baseline: float, spread: float) -> float:
-    """How high a loss must jump above its recent average to start a spike: far beyond its usual
-    wobble, and by a good part of the loss itself (a loss of 6 jumping to 14, not 2.0 to 2.2)."""
-    return baseline + max(8 * spread, 0.5 * abs(baseline), 0.5)
-
-
 def _start(w: _Watch, rec: Record, step: float, kind: str, peak: float) -> None:
-    w.onset = (rec, step, w.baseline if w.baseline is not None else math.nan, peak)
-    w.onset_kind, w.after = kind, 0
+    course = w.low if w.low is not None else w.baseline
+    w.onset = (rec, step, course if course is not None else math.nan, peak)
+    w.onset_kind, w.after, w.last = kind, 0, math.nan
 
 
-def _came_back(kind: str, before: float, peak: float, loss: float) -> bool:
-    """A spike came back when the loss went most of the way down to where it was; a NaN (or a
-    gradient blow-up) when a finite loss at the old level follows."""
-    if not math.isfinite(before):
-        return True
-    if kind == "spike":
-        return loss <= before + 0.3 * (peak - before)
-    return loss <= _spike_level(before, 0.0)
+def _course(low: float, spread: float) -> float:
+    """The highest a loss can be and still be on its course: its low, plus its usual wobble or a few
+    percent (a loss that settles 10% above where it was is a damaged run, not a recovered one)."""
+    return low + max(0.05 * abs(low), 3 * spread, 0.02)
+
+
+def _far_above(before: float, peak: float) -> bool:
+    """Far enough above its course to be a blow-up: half as high again (6.4 -> 9.6), a little more for
+    small losses (2.0 -> 3.3)."""
+    return peak > 1.5 * before + 0.3
 
 
 def _finite(x: float | None) -> float | None:

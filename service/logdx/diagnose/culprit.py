@@ -207,6 +207,7 @@ def _why_no_host(winner: Finding, att: Attribution, summary: CompressionSummary)
 
 # -- only symptoms: a hang ----------------------------------------------------------------------------
 
+_MIN_WORLD_FOR_SILENT = 4
 _LAGGING = "the rank lagging in collective sequence numbers"
 _SILENT = "the rank that fell silent while the others timed out"
 # How a hang's culprit can be told (life.first_stopped says which of its own applied).
@@ -235,8 +236,8 @@ def _silent_or_lagging(findings: Sequence[Finding], summary: CompressionSummary)
 
 def _silent(reporting: set[int], summary: CompressionSummary) -> list[int]:
     world = summary.world_size
-    if world <= 1 or not reporting:
-        return []
+    if world < _MIN_WORLD_FOR_SILENT or not reporting:
+        return []  # one of two ranks not reporting is as likely an excerpt cut short as a silent rank
     silent = sorted(set(range(world)) - reporting)
     # Only a few silent ranks point at a culprit; half the job silent says nothing.
     return silent if 0 < len(silent) <= max(1, world // 8) else []

@@ -154,7 +154,9 @@ def _survived(event: Event, summary: CompressionSummary, at_least: int) -> bool:
     loss again; a divergence the timeline confirmed, a stall, never (training goes on, ruined)."""
     if event.kind == "loss_nan":
         return summary.last_finite_loss_line.get(event.anchor.source_key, 0) > event.line_no
-    if event.kind in ("loss_spike", "stall"):
+    if event.kind == "loss_spike":  # unless the loss came back after all, later than the watch waited
+        return summary.progress.divergence is None or summary.progress.divergence.line_no != event.line_no
+    if event.kind == "stall":
         return False
     return went_on_after(event, summary, at_least=at_least)
 
