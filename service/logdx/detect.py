@@ -89,30 +89,53 @@ class _OpenTraceback:
 class _Thread:
     name: str
     main: bool
+    tid: str | None = None
     frames: list[Frame] = field(default_factory=list)  # innermost first, as dumps print them
-    first: Record | None = None  # its innermost frame's line
+    records: list[Record] = field(default_factory=list)  # the line of each frame
 
 
 @dataclass(slots=True)
 class _OpenStack:
-    """A stack dump being read: one process's threads (py-spy `dump`, faulthandler)."""
+    """A stack dump being read: one process's threads (py-spy `dump`, faulthandler, gdb), or, in a
+    dump that groups identical stacks ("4 in:" then the thread lines that share the stack after them),
+    the main threads of several processes."""
 
     header: Record
     pid: int | None = None
     threads: list[_Thread] = field(default_factory=list)
+    group: list[_Thread] = field(default_factory=list)  # the threads the next frames belong to
     lines: list[Record] = field(default_factory=list)
 
-    def event(self) -> Event | None:
-        """One `stack_dump` event for the process: its main thread's frames (outermost first, as in
-        a traceback), anchored at that thread's innermost frame - where the process waits."""
+    def thread(self, name: str, main: bool, tid: str | None = None) -> None:
+        t = _Thread(name=name, main=main, tid=tid)
+        self.threads.append(t)
+        if self.group and self.group[0].frames:
+            self.group = []  # the previous stack is complete: this header starts the next one
+        self.group.append(t)
+
+    def frame(self, frame: Frame, rec: Record) -> None:
+        if not self.group:
+            self.thread("", main=False)
+        for t in self.group:
+            t.frames.append(frame)
+            t.records.append(rec)
+
+    def events(self) -> list[Event]:
+        """One `stack_dump` event per process: its main thread's frames (outermost first, as in a
+        traceback; `attrs["frame_lines"]` the line of each), anchored at its innermost frame."""
         threads = [t for t in self.threads if t.frames]
+        mains = [t for t in threads if t.main]
+        if self.pid is None and len(mains) > 1:  # several processes' main threads in one block
+            return [self._event(t, t.tid or t.name) for t in mains]
         if not threads:
-            return None
-        main = next((t for t in threads if t.main), None) or next(
-            (t for t in threads if t.frames[-1].function == "<module>"), threads[0])
-        assert main.first is not None
-        return Event(kind="stack_dump", anchor=main.first, lines=self.lines, frames=list(reversed(main.frames)),
-                     attrs={"pid": self.pid, "thread": main.name, "threads": len(threads)})
+            return []
+        main = mains[0] if mains else next((t for t in threads if t.frames[-1].function == "<module>"), threads[0])
+        return [self._event(main, self.pid)]
+
+    def _event(self, t: _Thread, pid: object) -> Event:
+        return Event(kind="stack_dump", anchor=t.records[0], lines=self.lines, frames=list(reversed(t.frames)),
+                     attrs={"pid": pid, "thread": t.name, "threads": len(self.threads),
+                            "frame_lines": list(reversed(t.records))})
 
 
 _MAX_STACK_THREADS = 256
@@ -219,20 +242,14 @@ class Detector:
         if what.kind == "process":
             dump.pid = what.pid
         elif what.kind == "thread" and len(dump.threads) < _MAX_STACK_THREADS:
-            dump.threads.append(_Thread(name=what.thread or "", main=what.main))
+            dump.thread(what.thread or "", what.main, what.tid)
         elif what.kind == "frame" and what.frame is not None:
-            if not dump.threads:
-                dump.threads.append(_Thread(name="", main=False))
-            thread = dump.threads[-1]
-            if thread.first is None:
-                thread.first = rec
-            thread.frames.append(what.frame)
+            dump.frame(what.frame, rec)
         return self._count(out)
 
     def _close_stack(self, key: str) -> list[Event]:
         dump = self._stacks.pop(key, None)
-        ev = dump.event() if dump is not None else None
-        return [ev] if ev is not None else []
+        return dump.events() if dump is not None else []
 
     # -- tracebacks ---------------------------------------------------------------------------------
 

@@ -302,6 +302,7 @@ class Diagnosis:
     votes: list[StageVote] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     context: FailureContext | None = None  # what retrieval and the LLM saw; kept with the report
+    decided_by: str = "rules"  # the stage whose label stands: "rules", or the later stage that changed it
     recovered: list[Recovered] = field(default_factory=list)  # what the job went on after
     stopped_first: StoppedFirst | None = None
     stage_ms: dict[str, float] = field(default_factory=dict)  # time spent in each diagnosis stage

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from logdx.diagnose.culprit import blames_one_node
+from logdx.diagnose.culprit import UNNAMED_CORDON_MIN_CONFIDENCE, blames_one_node
 from logdx.diagnose.fusion import FusionResult, FusionWeights, fuse, needs_arbiter
 from logdx.diagnose.life import first_stopped
 from logdx.diagnose.rootcause import Finding, RulesOutcome, find_root_cause, likeliest_unexplained
@@ -139,7 +139,8 @@ def settle_action(diagnosis: Diagnosis) -> Diagnosis:
     label = diagnosis.label
     if label is None or label.action is not Action.CORDON_AND_RESTART:
         return diagnosis
-    ok, why = blames_one_node(diagnosis.attribution)
+    unnamed_ok = diagnosis.decided_by == "rules" and diagnosis.confidence >= UNNAMED_CORDON_MIN_CONFIDENCE
+    ok, why = blames_one_node(diagnosis.attribution, unnamed_ok=unnamed_ok)
     if not ok:
         diagnosis.label = Label(label.category, label.failure_type, Action.RESTART)
         diagnosis.notes.append(f"restart, not cordon: {why}")
@@ -196,6 +197,8 @@ def _merge(diagnosis: Diagnosis, result: FusionResult, votes: list[StageVote]) -
             diagnosis.attribution.hosts = []  # a node is only to blame for an infrastructure cause
     diagnosis.label = result.label
     diagnosis.confidence = result.confidence
+    if changed:
+        diagnosis.decided_by = result.decided_by or "fusion"
     known = {(e.source, e.line_no, e.text) for e in diagnosis.evidence}
     diagnosis.evidence.extend(e for e in result.evidence if (e.source, e.line_no, e.text) not in known)
     if result.explanation:

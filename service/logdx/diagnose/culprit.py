@@ -253,16 +253,23 @@ def _lagging(seq_by_rank: dict[int, int]) -> list[int]:
     return sorted(r for r, s in seq_by_rank.items() if s == low)
 
 
-def blames_one_node(att: Attribution) -> tuple[bool, str]:
+# An unnamed machine (a one-machine log, a rank's own line) is recommended for a cordon only on a
+# precise rule's verdict this sure: the person who reads the report must find the machine by hand.
+UNNAMED_CORDON_MIN_CONFIDENCE = 0.8
+
+
+def blames_one_node(att: Attribution, *, unnamed_ok: bool = True) -> tuple[bool, str]:
     """Whether the log blames exactly one machine, and if not, why not. Only then may a report
-    recommend cordoning it (a single-node log or a rank's own line blame one machine, unnamed: the
-    report recommends the cordon, and no actuator can act on a name it does not have)."""
-    if len(att.hosts) == 1:
-        return True, ""
+    recommend cordoning it: one named host; or, when `unnamed_ok` (a precise rule decided, and is
+    sure), one machine the log shows without naming it (a one-machine log, a rank's own line). Whether
+    logdx may cordon it on its own also needs a name and a second signal: act/policy.py."""
     if len(att.hosts) > 1:
         return False, f"the failure shows on {len(att.hosts)} hosts ({', '.join(att.hosts[:4])}): no single node to cordon"
-    if att.single_node:
+    if len(att.hosts) == 1:
         return True, ""
-    if len(att.ranks) == 1 and att.basis == "the rank's own line":
+    unnamed = att.single_node or (len(att.ranks) == 1 and att.basis == "the rank's own line")
+    if unnamed and unnamed_ok:
         return True, ""
+    if unnamed:
+        return False, "the log names no node, and the verdict is not a precise rule's sure one: no node to cordon"
     return False, att.notes[-1] if att.notes else "no line names the node"

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from logdx.diagnose.rules import RuleHit
-from logdx.model import Category, Event, Frame, Label, Role
+from logdx.model import Category, Event, Frame, Label, Record, Role
 from logdx.stacks import frame_owner
 from logdx.taxonomy import default_action, module_of_path
 
@@ -43,19 +43,22 @@ _MIN_PROCESSES = 3
 
 @dataclass(slots=True)
 class Minority:
-    """The processes that are not where the others are."""
+    """The processes that are not where the others are (or, with too few dumps to tell a majority,
+    the processes the log shows stuck)."""
 
     events: list[Event]  # their stack dumps
-    majority_op: str  # the collective the others wait in
+    majority_op: str | None  # the collective the others wait in (None: no majority to compare with)
     processes: int  # how many processes dumped their stack
     owner: str  # "user" | "library" | "stdlib" | "native" | "": who owns the code the minority waits in
     frame: Frame | None  # the innermost frame of that owner
+    line: Record  # that frame's line: the root line
+    confidence: float
 
 
 def in_collective(frames: Sequence[Frame]) -> str | None:
     """The collective a stack waits in (outermost first, as tracebacks are), or None."""
     for f in list(reversed(frames))[:_INNERMOST]:
-        name = (f.function or "").rsplit(".", 1)[-1]
+        name = (f.function or "").rsplit(".", 1)[-1].rsplit("::", 1)[-1]
         path = f.path.replace("\\", "/")
         if name in _COLLECTIVES and (any(p in path for p in _DISTRIBUTED_PATHS) or name not in ("wait", "_wait", "synchronize")):
             return name
@@ -63,19 +66,29 @@ def in_collective(frames: Sequence[Frame]) -> str | None:
 
 
 def stack_minority(events: Sequence[Event]) -> Minority | None:
-    """When most processes wait in a collective and a few do not: those few."""
-    dumps = [e for e in events if e.kind == "stack_dump" and e.frames]
-    dumps = _latest_per_process(dumps)
-    if len(dumps) < _MIN_PROCESSES:
+    """When most processes wait in a collective and a few do not: those few. With one or two dumps and
+    none of them in a collective, the processes the log shows are the stuck ones (someone dumped the
+    hung process); with dumps all in a collective, the job hangs in it for a process nobody dumped."""
+    dumps = _latest_per_process([e for e in events if e.kind == "stack_dump" and e.frames])
+    if not dumps:
         return None
     ops = [in_collective(e.frames) for e in dumps]
     inside = [op for op in ops if op is not None]
     outside = [e for e, op in zip(dumps, ops) if op is None]
-    if not outside or len(outside) > max(1, len(dumps) // 8) or len(inside) < 2:
-        return None
-    majority = max(set(inside), key=inside.count)
-    owner, frame = _owner_of_wait(outside[0].frames)
-    return Minority(events=outside, majority_op=majority, processes=len(dumps), owner=owner, frame=frame)
+    if len(dumps) >= _MIN_PROCESSES and outside and len(inside) >= 2 and len(outside) <= max(1, len(dumps) // 8):
+        return _minority(outside, max(set(inside), key=inside.count), len(dumps), 0.8)
+    if outside and not inside and len(dumps) <= 2:
+        return _minority(outside, None, len(dumps), 0.6)
+    if inside and not outside:
+        return _minority(dumps[:1], None, len(dumps), 0.45)
+    return None
+
+
+def _minority(events: list[Event], majority: str | None, processes: int, confidence: float) -> Minority:
+    ev = events[0]
+    owner, frame, line = _owner_of_wait(ev)
+    return Minority(events=events, majority_op=majority, processes=processes, owner=owner, frame=frame, line=line,
+                    confidence=confidence)
 
 
 def _latest_per_process(dumps: list[Event]) -> list[Event]:
@@ -86,14 +99,22 @@ def _latest_per_process(dumps: list[Event]) -> list[Event]:
     return list(latest.values())
 
 
-def _owner_of_wait(frames: Sequence[Frame]) -> tuple[str, Frame | None]:
-    """Who owns the code a process waits in: from its innermost frame outwards, past the interpreter's
-    own modules (queue.get, threading.wait) and native frames, the first library or user frame."""
-    for f in reversed(frames):
-        owner = frame_owner(f, module_of_path(f.path))
+def _owner_of_wait(ev: Event) -> tuple[str, Frame | None, Record]:
+    """Who owns the code a process waits in, the frame and its line: from its innermost frame outwards,
+    past the interpreter's own modules (queue.get, threading.wait) and native frames, the first library
+    or user frame. A process in a collective waits where it called it: the collective's own frame."""
+    lines = ev.attrs.get("frame_lines")
+    records: list[Record] = list(lines) if isinstance(lines, list) else []
+    frames = ev.frames
+    if in_collective(frames) is not None:
+        for i in range(len(frames) - 1, -1, -1):
+            if (frames[i].function or "").rsplit("::", 1)[-1] in _COLLECTIVES:
+                return "library", frames[i], records[i] if i < len(records) else ev.anchor
+    for i in range(len(frames) - 1, -1, -1):
+        owner = frame_owner(frames[i], module_of_path(frames[i].path))
         if owner in ("library", "user"):
-            return owner, f
-    return ("stdlib", frames[-1]) if frames else ("", None)
+            return owner, frames[i], records[i] if i < len(records) else ev.anchor
+    return ("native" if frames else ""), (frames[-1] if frames else None), ev.anchor
 
 
 def hang_label(owner: str) -> Label:
@@ -106,24 +127,32 @@ def hang_label(owner: str) -> Label:
 
 def minority_hit(m: Minority) -> RuleHit:
     """The minority as a root cause the rules stage can rank and explain."""
-    ev = m.events[0]
-    label = hang_label(m.owner)
-    where = f"{m.frame.function} ({m.frame.path}:{m.frame.line})" if m.frame is not None else ev.anchor.text.strip()
+    label = hang_label(m.owner) if m.majority_op is not None or m.confidence >= 0.6 else hang_label("native")
+    where = f"{m.frame.function} ({m.frame.path}{':' + str(m.frame.line) if m.frame.line else ''})" \
+        if m.frame is not None else m.line.text.strip()
     n = len(m.events)
-    title = (f"{n} of {m.processes} processes {'is' if n == 1 else 'are'} not in the collective the others wait in "
-             f"({m.majority_op}): stuck in {where}")
+    if m.majority_op is not None:
+        title = (f"{n} of {m.processes} processes {'is' if n == 1 else 'are'} not in the collective the others "
+                 f"wait in ({m.majority_op}): stuck in {where}")
+    elif m.confidence >= 0.6:
+        title = f"The dumped process{'es are' if n > 1 else ' is'} stuck in {where}, outside any collective"
+    else:
+        title = f"The job hangs in a collective: the dumped process waits in {where} for a rank no dump shows"
+    op = m.majority_op or "the collective"
     hints = {
         "script_hang": "The process is stuck in your code (see the root frame) while the others wait for it in "
-                       f"{m.majority_op}: fix the code path (a loop, a lock, I/O without a timeout) before restarting.",
+                       f"{op}: fix the code path (a loop, a lock, I/O without a timeout) before restarting.",
         "framework_hang": "The process waits inside a library (see the root frame: a DataLoader queue, storage I/O, a "
-                          f"lock) while the others wait for it in {m.majority_op}: check its data loading and storage; "
+                          f"lock) while the others wait for it in {op}: check its data loading and storage; "
                           "a restart alone will likely hang again.",
-        "hang": f"The process is stuck outside {m.majority_op} with no Python code of its own on the stack (native "
-                "code, the GPU or the network): restart without its node if it is named, and check that node.",
+        "hang": "The job hangs with no Python code of its own to blame (native code, the GPU, the network, or a "
+                "rank no dump shows): dump every rank's stack (py-spy dump) to find the one outside the "
+                "collective; restart without its node if the log names it.",
     }
     return RuleHit(
         rule_id="hang-outside-collective", pack="hangs", title=title, role=Role.ROOT_CAUSE, label=label,
-        severity="high", confidence=0.8, line=ev.anchor, groups={}, hint=hints[label.failure_type], event=ev,
+        severity="high", confidence=m.confidence, line=m.line, groups={}, hint=hints[label.failure_type],
+        event=m.events[0],
     )
 
 
