@@ -401,8 +401,9 @@ class Compressor:
         error = _has_error_word(masked) or (self.also_error is not None and self.also_error(text))
         # "*** STEP 42 CANCELLED ***" names a step but is no progress. (NaN losses are found by
         # value, not by word, so Megatron's "number of nan iterations: 0" stays progress.)
-        progress = None if error else progress_shape_of(text)
+        # A save names its step ("saved checkpoint at iteration 200") but is not a step of training.
         checkpoint = not error and checkpoint_step_of(text) is not None
+        progress = None if error or checkpoint else progress_shape_of(text)
         shape = _Shape(
             template_id=stats.template_id,
             error=error,

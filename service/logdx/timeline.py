@@ -308,12 +308,14 @@ class _Watch:
 
     baseline: float | None = None
     low: float | None = None
-    spread: float = 0.0  # typical distance from the baseline
+    spread: float = 0.0  # the loss's usual wobble: the average change from one point to the next
+    prev: float | None = None  # the last finite loss
     seen: int = 0
     onset: tuple[Record, float, float, float] | None = None  # (line, step, loss before, peak)
     onset_kind: str = ""
     after: int = 0  # points since the onset
     last: float = math.nan  # the loss of the last of them
+    run_sum: float = 0.0  # their sum (a run that settles slightly higher becomes the new course: its mean)
     skipped_runs: int = 0  # consecutive logging intervals with skipped iterations
     skipped_total: float | None = None  # the last cumulative count (DeepSpeed's "skipped=N")
     grad_baseline: float | None = None
@@ -482,6 +484,9 @@ class Timeline:
             tick = self._tick(w, rec, loss)
             return tick or (LossSignal("nan", rec) if first_nan else None)
         w.seen += 1
+        if w.prev is not None:  # every point counts: a noisy per-step loss wobbles a lot, an average little
+            w.spread = 0.9 * w.spread + 0.1 * abs(loss - w.prev)
+        w.prev = loss
         if self.divergence is not None and self.divergence.loss_before is not None \
                 and loss <= _course(self.divergence.loss_before, w.spread):
             self._retract()  # it came back after all, later than the window: a spike, not a divergence
@@ -493,7 +498,6 @@ class Timeline:
         if loss > _course(w.low, w.spread):
             _start(w, rec, step, "spike", loss)
             return None
-        w.spread = 0.9 * w.spread + 0.1 * abs(loss - w.baseline)
         w.baseline = 0.9 * w.baseline + 0.1 * loss
         w.low = min(w.low, w.baseline)
         return None
@@ -512,13 +516,15 @@ class Timeline:
         w.after += 1
         if math.isfinite(loss):
             w.last = loss
+            w.run_sum += loss
             peak = max(peak, loss) if math.isfinite(peak) else loss
             w.onset = (start, step, before, peak)
             if not math.isfinite(before) or loss <= _course(before, w.spread):
                 return self._back(w, start, step, before, peak, loss)
         if w.after >= self.window:
-            if w.onset_kind == "spike" and not _far_above(before, peak):
-                w.onset, w.baseline, w.low = None, loss, loss  # a new, slightly higher course: not a blow-up
+            if w.onset_kind == "spike" and not _far_above(before, peak, w.spread):
+                mean = w.run_sum / w.after
+                w.onset, w.baseline, w.low = None, mean, mean  # a new, slightly higher course: not a blow-up
                 return None
             return self._diverged(w, start, step, before, loss)
         return None
@@ -526,7 +532,7 @@ class Timeline:
     def _back(self, w: _Watch, start: Record, step: float, before: float, peak: float, loss: float) -> LossSignal | None:
         kind = w.onset_kind
         w.onset, w.onset_kind, w.after = None, "", 0
-        if math.isfinite(before) and kind == "spike" and not _far_above(before, peak):
+        if math.isfinite(before) and kind == "spike" and not _far_above(before, peak, w.spread):
             return None  # a wobble above the course, nothing to note
         d = Divergence(kind=kind, step=step, line_no=start.line_no, loss_before=_finite(before),
                        loss_after=_finite(peak))
@@ -602,7 +608,7 @@ class Timeline:
         # Every point since the onset stayed above the course (else the run would have ended): it
         # diverged when the loss was still far above where it had been (a spike on its way back down
         # when the log ended says nothing), or when the log ends on a jump that doubled the loss.
-        still_high = w.after >= 1 and w.last >= before + 0.4 * abs(before)
+        still_high = w.after >= 1 and w.last >= before + max(0.4 * abs(before), 4 * w.spread)
         if math.isfinite(before) and (still_high or (w.after == 0 and peak >= 2 * before > 0)):
             return self._diverged(w, start, step, before, peak)
         return None
@@ -668,7 +674,7 @@ class Timeline:
 def _start(w: _Watch, rec: Record, step: float, kind: str, peak: float) -> None:
     course = w.low if w.low is not None else w.baseline
     w.onset = (rec, step, course if course is not None else math.nan, peak)
-    w.onset_kind, w.after, w.last = kind, 0, math.nan
+    w.onset_kind, w.after, w.last, w.run_sum = kind, 0, math.nan, 0.0
 
 
 def _course(low: float, spread: float) -> float:
@@ -677,10 +683,10 @@ def _course(low: float, spread: float) -> float:
     return low + max(0.05 * abs(low), 3 * spread, 0.02)
 
 
-def _far_above(before: float, peak: float) -> bool:
+def _far_above(before: float, peak: float, spread: float) -> bool:
     """Far enough above its course to be a blow-up: half as high again (6.4 -> 9.6), a little more for
-    small losses (2.0 -> 3.3)."""
-    return peak > 1.5 * before + 0.3
+    small losses (2.0 -> 3.3), and well beyond the loss's usual wobble (a per-step loss jumps a lot)."""
+    return peak > max(1.5 * before + 0.3, before + 6 * spread)
 
 
 def _finite(x: float | None) -> float | None:
