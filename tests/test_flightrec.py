@@ -131,6 +131,21 @@ def test_eight_rank_nccl_hang_one_rank_missing(tmp_path):
     json.dumps(f.to_dict())
 
 
+def test_ranks_that_ran_ahead_are_not_missing(tmp_path):
+    """NCCL is asynchronous: the CPUs enqueue collectives past the one the GPUs are stuck in, some
+    further than others. The stuck one is the first that not every rank entered."""
+    job = training(8)
+    job.collective("all_reduce", [[4096]], skip={5}, state="started")          # #6: rank 5 never comes
+    job.collective("all_reduce", [[8]], skip={5}, state="scheduled")           # #7, queued behind it
+    job.collective("all_reduce", [[8]], skip={5, 3}, state="scheduled")        # #8, rank 3 not that far
+    job.write(tmp_path)
+    f = analyse(load_dumps(tmp_path))
+    g = group(f, "0")
+    assert (g.seq, g.max_seq, g.stuck_op, g.input_sizes) == (6, 8, "nccl:all_reduce", ((4096,),))
+    assert g.missing_ranks == (5,) and g.waiting_ranks == (0, 1, 2, 3, 4, 6, 7)
+    assert f.culprit_ranks == (5,)
+
+
 def test_pickle_and_json_dumps_say_the_same(tmp_path):
     job = training(8)
     job.collective("_all_gather_base", [[256]], pg="2", out_sizes=[[1024]], skip={6}, state="started")
@@ -224,8 +239,10 @@ def test_all_entered_but_the_kernel_never_started_on_one(tmp_path):
     for _ in range(3):
         job.collective("all_reduce", [[64]])
     job.collective("all_reduce", [[64]], state="started", states={2: "scheduled"})
+    job.collective("broadcast", [[64]], state="scheduled")   # queued behind it on every rank
     job.write(tmp_path)
     g = analyse(load_dumps(tmp_path)).groups[0]
+    assert (g.seq, g.max_seq, g.stuck_op) == (4, 5, "nccl:all_reduce")
     assert g.missing_ranks == () and g.waiting_ranks == (0, 1, 2, 3) and g.not_started_ranks == (2,)
     assert "it never started on rank 2" in g.summary()
 
@@ -332,6 +349,48 @@ def test_a_hostile_dump_among_good_ones_is_skipped_and_named(tmp_path):
     g = group(f, "0")
     assert g.no_dump_ranks == (3,) and g.missing_ranks == (2,)
     assert not (tmp_path / "pwned").exists()
+
+
+def test_mangled_dumps_never_crash_the_reader_or_the_analysis(tmp_path):
+    """Any field of any entry, or the top-level keys, replaced by anything plain data can hold: the
+    reader skips the file with a reason or reads it, and the analysis always answers."""
+    import random
+
+    rng = random.Random(19)
+    values = [None, -1, 0, 10**30, -(10**18), "x", "", [], {}, [[1, "a"]], [[-5, 2**40]], 3.5, True, b"raw", ("a",),
+              [["x"]], {"a": 1}, ["nccl:all_reduce"], ("0",), ("0", "default_pg", "extra"), "[0, 1, 2, 99999999]"]
+    job = training(4, steps=3)
+    job.collective("all_reduce", [[4096]], skip={1}, state="started")
+    answered = skipped = 0
+    for i in range(250):
+        d = tmp_path / str(i)
+        d.mkdir()
+        for r in range(4):
+            dump = job.dump(r)
+            for _ in range(rng.randint(1, 4)):
+                if rng.random() < 0.2:
+                    dump[rng.choice(["entries", "pg_config", "pg_status", "version", "comm_lib_version"])] = rng.choice(values)
+                elif isinstance(dump.get("entries"), list) and dump["entries"]:
+                    entry = rng.choice(dump["entries"])
+                    entry = dict(entry) if isinstance(entry, dict) and entry else {"profiling_name": entry}
+                    key = rng.choice(sorted(entry))
+                    if rng.random() < 0.3:
+                        del entry[key]
+                    else:
+                        entry[key] = rng.choice(values)
+                    dump["entries"] = [*dump["entries"][:-1], entry] if rng.random() < 0.5 else [entry, *dump["entries"]]
+            (d / f"nccl_trace_rank_{rng.choice([r, r, r, 10**8 + r])}").write_bytes(pickle.dumps(dump, protocol=2))
+        try:
+            traces = load_dumps(d)
+        except FrDumpError as e:
+            assert str(d) in str(e)
+            skipped += 1
+            continue
+        f = analyse(traces)
+        assert isinstance(f.summary(), str)
+        json.dumps(f.to_dict())
+        answered += 1
+    assert answered > 100 and skipped > 0
 
 
 def _good(tmp_path: Path) -> bytes:
@@ -574,6 +633,10 @@ def test_torch_fr_trace_reads_our_dumps_and_agrees(tmp_path):
     job = training(4)
     job.collective("all_reduce", [[4096]], by_rank={1: {"sizes": [[8]], "out_sizes": [[8]]}}, state="started")
     scenarios["size"] = job
+    job = training(8)
+    job.collective("all_reduce", [[4096]], skip={5}, state="started")
+    job.collective("all_reduce", [[8]], skip={5, 3}, state="scheduled")
+    scenarios["run-ahead"] = job
     for name, job in scenarios.items():
         job.write(tmp_path / name)
         ours = analyse(load_dumps(tmp_path / name))

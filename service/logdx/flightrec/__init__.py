@@ -20,12 +20,13 @@ demand (any backend that records, gloo included), `_dump_fr_trace_json()` the JS
   `__reduce__` payload) is refused before anything runs. Sizes and counts are bounded (`FrLimits`).
   Unreadable files in a directory are skipped and listed (`DumpSet.skipped`); a bad single file, or
   a directory where nothing reads, raises `FrDumpError` with the file and the reason.
-- `analyse(traces)` -> `FrFindings`: per process group (`PgFindings`) the highest collective
-  sequence number any rank reached (`seq`) and its operation and sizes (`stuck_op`, `input_sizes`),
-  the ranks that never entered it (`missing_ranks`, with each one's last collective), the ranks
-  waiting in it, the earliest desync (`mismatch`: different operations, sizes or dtypes at one
-  sequence number), pending point-to-point operations; over all groups, the ranks missing from a
-  stuck collective that wait in none (`culprit_ranks`). `summary()` gives the lines to read.
+- `analyse(traces)` -> `FrFindings`: per process group (`PgFindings`) the collective it stands at
+  (`seq`: the first that not every rank entered, since CPUs enqueue ahead of their GPUs; `max_seq`
+  the highest any rank reached), its operation and sizes (`stuck_op`, `input_sizes`), the ranks
+  that never entered it (`missing_ranks`, with each one's last collective), the ranks waiting in
+  it, the earliest desync (`mismatch`: different operations, sizes or dtypes at one sequence
+  number), pending point-to-point operations; over all groups, the ranks missing from a stuck
+  collective that wait in none (`culprit_ranks`). `summary()` gives the lines to read.
 - `parse_fr_trace_text(text)` -> `FrFindings`: the same findings from the text of torch's own
   analyser (`torchfrtrace` / `python -m torch.distributed.flight_recorder.fr_trace`), in all the
   shapes it has printed, when a user pastes its output into a log.

@@ -1,15 +1,17 @@
 """What a job's flight-recorder dumps say about a hang, per process group.
 
 Every rank records, per group, the collectives it entered, numbered by `collective_seq_id`: the
-same number on every rank for the same collective. So, per group: the highest number any rank
-reached is where the group stands; a member whose dump stops below it never entered that
-collective (the ranks that did wait for it forever); ranks that entered and did not finish wait in
-it. At each number the ranks must have called the same operation on the same sizes: the first
-number where they did not is a desync (`mismatch`). A rank missing from a stuck collective that
-waits in no collective of any group is outside all of them: the silent rank of the hang.
+same number on every rank for the same collective. A member whose dump stops below the others'
+never entered the next collective, and the ranks that did wait in it forever; the first such
+number is where the group stands (the CPUs enqueue collectives ahead of their GPUs, so ranks that
+entered it may have queued more behind it). When every rank entered the same collectives, the
+group stands at the first one not every rank finished. At each number the ranks must have called
+the same operation on the same sizes: the first number where they did not is a desync
+(`mismatch`). A rank missing from a stuck collective that waits in no collective of any group is
+outside all of them: the silent rank of the hang.
 
 Membership comes from the dumps' `pg_config`; when a dump does not have it (gloo's recorder in
-torch 2.13 writes an empty one), the default group is every rank up to the highest dumped, and
+torch 2.13 writes an empty one), the default group is every rank up to the highest known, and
 another group is the ranks that recorded it."""
 
 from __future__ import annotations
@@ -67,10 +69,9 @@ class _Group:
 
 
 def analyse(traces: Sequence[RankTrace]) -> FrFindings:
-    """Per process group: where it stands (the highest collective sequence number any rank reached),
-    the ranks missing from that collective, those waiting in it, the earliest desync; and the ranks
-    outside every collective (the culprits). `traces` is what `load_dumps` returned (its skipped
-    files become notes and ranks without a dump)."""
+    """Per process group: the collective it stands at, the ranks missing from it, those waiting in
+    it, the earliest desync; and the ranks outside every collective (the culprits). `traces` is
+    what `load_dumps` returned (its skipped files become notes and ranks without a dump)."""
     notes = list(getattr(traces, "notes", []))
     skipped = list(getattr(traces, "skipped", []))
     for s in skipped[:8]:
@@ -79,8 +80,8 @@ def analyse(traces: Sequence[RankTrace]) -> FrFindings:
         notes.append(f"... and {len(skipped) - 8} more unreadable dumps")
     dumped = {t.rank: t for t in traces}
     groups = _collect(traces, notes)
-    world_hint = max([*dumped, *(s.rank for s in skipped if s.rank is not None)], default=-1)
-    findings = [_findings(g, dumped, world_hint) for g in groups.values()]
+    known = {*dumped, *(s.rank for s in skipped if s.rank is not None)}
+    findings = [_findings(g, dumped, known) for g in groups.values()]
     inferred = sorted(f.label for f in findings if not f.members_known and f.pg_desc != "default_pg")
     if inferred:
         notes.append("membership not in the dumps' pg_config, taken from the ranks that recorded it: "
@@ -147,26 +148,34 @@ def _key_of(name: str, t: RankTrace, configured: dict[str, set[tuple[int, ...]]]
     return (name, containing[0] if len(containing) == 1 else None)
 
 
-def _members(g: _Group, world_hint: int) -> tuple[set[int], bool]:
+def _members(g: _Group, known: set[int]) -> tuple[set[int], bool]:
+    """The group's ranks: from pg_config; else, for the default group, every rank up to the highest
+    known (global ranks are 0..world-1: a hole is a rank whose dump is missing) as long as the
+    numbering is dense; else the ranks that recorded the group."""
     if g.members is not None:
         return g.members, True
-    if g.desc == "default_pg":
-        return set(range(world_hint + 1)), False
+    if g.desc == "default_pg" and known:
+        top = max(known)
+        return (set(range(top + 1)) if top < 2 * len(known) + 64 else set(known)) | g.recorded_by, False
     return set(g.recorded_by), False
 
 
-def _findings(g: _Group, dumped: dict[int, RankTrace], world_hint: int) -> PgFindings:
-    members, known = _members(g, world_hint)
+def _findings(g: _Group, dumped: dict[int, RankTrace], known_ranks: set[int]) -> PgFindings:
+    members, known = _members(g, known_ranks)
     have = sorted(r for r in members if r in dumped)
     last = {r: max(g.by_seq[r]) if g.by_seq.get(r) else None for r in have}
     reached = [s for s in last.values() if s is not None]
-    seq = max(reached) if reached else None
-    f = PgFindings(pg_name=g.name, pg_desc=g.desc, ranks=tuple(sorted(members)), seq=seq, stuck_op=None,
-                   no_dump_ranks=tuple(sorted(members - set(dumped))), members_known=known)
+    f = PgFindings(pg_name=g.name, pg_desc=g.desc, ranks=tuple(sorted(members)), seq=None, stuck_op=None,
+                   no_dump_ranks=tuple(sorted(members - set(dumped))), members_known=known,
+                   max_seq=max(reached) if reached else None)
     f.p2p_waiting = _p2p_waiting(g, have)
-    if seq is None:
+    if not reached:
         return f
-    at_seq = {r: g.by_seq[r][seq] for r in have if last[r] == seq}
+    seq = f.seq = _stuck_seq(g, last)
+    at_seq = {r: g.by_seq[r][seq] for r in have if last[r] is not None and last[r] >= seq and seq in g.by_seq[r]}
+    if not at_seq:  # numbering with holes (no dump torch wrote has them): report the ranks behind
+        f.missing_ranks = tuple(r for r in have if last[r] is None or last[r] < seq)
+        return f
     sigs = Counter(_signature(es) for es in at_seq.values())
     common = sigs.most_common(1)[0][0]
     sample = next(es for es in at_seq.values() if _signature(es) == common)
@@ -182,8 +191,31 @@ def _findings(g: _Group, dumped: dict[int, RankTrace], world_hint: int) -> PgFin
     f.stuck_since_ns = min(created) if created else None
     for r in f.missing_ranks[:_MAX_MISSING_LASTS]:
         f.last_of_missing[r] = _rank_last(g, r, last[r])
-    _find_mismatch(g, have, seq, f)
+    _find_mismatch(g, have, f.max_seq or seq, f)
     return f
+
+
+def _stuck_seq(g: _Group, last: dict[int, int | None]) -> int:
+    """The collective the group stands at. The CPU enqueues collectives ahead of the GPU (NCCL is
+    asynchronous), so ranks' last entries differ by how far each ran ahead: the one that matters is
+    the first that not every rank entered. When all entered the same, the first not finished on
+    every rank (the others queue behind it); when all finished, the last."""
+    reached = [s for s in last.values() if s is not None]
+    low, top = min(reached), max(reached)
+    if low < top:
+        return low + 1
+    ranks = [r for r, s in last.items() if s is not None]
+    start = max(min(g.by_seq[r]) for r in ranks)
+    for s in _seqs_between(g, ranks, start, top):
+        if any(s in g.by_seq[r] and not all(e.done for e in g.by_seq[r][s]) for r in ranks):
+            return s
+    return top
+
+
+def _seqs_between(g: _Group, ranks: list[int], start: int, stop: int) -> list[int]:
+    """The sequence numbers recorded from `start` to `stop`, ascending (never a range: a dump may hold
+    any numbers)."""
+    return sorted({s for r in ranks for s in g.by_seq[r] if start <= s <= stop})
 
 
 def _rank_last(g: _Group, rank: int, seq: int | None) -> RankLast:
@@ -220,7 +252,7 @@ def _find_mismatch(g: _Group, have: list[int], seq: int, f: PgFindings) -> None:
     if len(present) < 2:
         return
     start = max(min(g.by_seq[r]) for r in present)
-    for s in range(start, seq + 1):
+    for s in _seqs_between(g, present, start, seq):
         by_sig: dict[_Sig, list[int]] = defaultdict(list)
         entries: dict[_Sig, list[FrEntry]] = {}
         for r in present:

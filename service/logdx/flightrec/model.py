@@ -173,17 +173,20 @@ class RankLast:
 class PgFindings:
     """What the dumps say about one process group.
 
-    `seq` is the highest collective sequence number any rank of the group reached, `stuck_op` the
-    operation at it; `missing_ranks` never entered it (their dumps stop earlier), `waiting_ranks`
-    entered it and did not finish; `no_dump_ranks` are members without a dump (nothing can be said
-    of them). `mismatch` describes the earliest sequence number at which the ranks called different
-    operations or sizes (a desync), else None."""
+    `seq` is the collective sequence number the group stands at: the first collective not every
+    rank entered (ranks' CPUs enqueue collectives ahead of their GPUs, so the highest number any rank
+    reached, `max_seq`, can be past it), else the first not every rank finished, else the last;
+    `stuck_op` is the operation at `seq`. `missing_ranks` never entered it (their dumps stop
+    earlier), `waiting_ranks` entered it and did not finish; `no_dump_ranks` are members without a
+    dump (nothing can be said of them). `mismatch` describes the earliest sequence number at which
+    the ranks called different operations, sizes or dtypes (a desync), else None."""
 
     pg_name: str
     pg_desc: str
     ranks: tuple[int, ...]
     seq: int | None
     stuck_op: str | None
+    max_seq: int | None = None                 # the highest sequence number any rank reached
     missing_ranks: tuple[int, ...] = ()
     waiting_ranks: tuple[int, ...] = ()
     no_dump_ranks: tuple[int, ...] = ()
@@ -212,6 +215,7 @@ class PgFindings:
     def summary(self) -> str:
         """One line an on-call engineer reads: who waits where, who never came."""
         parts: list[str] = []
+        op = self.stuck_op or "collective"
         if self.seq is None:
             parts.append("no collective recorded")
         elif self.waiting_ranks:
@@ -219,12 +223,12 @@ class PgFindings:
             odd = set(self.mismatch_ranks) if self.mismatch_seq == self.seq else set()
             waiting = [r for r in self.waiting_ranks if r not in odd] or list(self.waiting_ranks)
             verb = "waits" if len(waiting) == 1 else "wait"
-            parts.append(f"{_ranks_phrase(waiting)} {verb} in {self.stuck_op} #{self.seq}")
+            parts.append(f"{_ranks_phrase(waiting)} {verb} in {op} #{self.seq}")
         elif not self.missing_ranks and not self.mismatch:
             n = len(self.ranks) - len(self.no_dump_ranks)
-            parts.append(f"all {n} ranks with a dump completed {self.stuck_op} #{self.seq}")
+            parts.append(f"all {n} ranks with a dump completed {op} #{self.seq}")
         else:
-            parts.append(f"the last collective is {self.stuck_op} #{self.seq}")
+            parts.append(f"the last collective is {op} #{self.seq}")
         if self.missing_ranks:
             parts.append(self._missing_phrase())
         if self.not_started_ranks:
@@ -254,6 +258,7 @@ class PgFindings:
     def to_dict(self) -> dict[str, Any]:
         return {
             "pg_name": self.pg_name, "pg_desc": self.pg_desc, "ranks": list(self.ranks), "seq": self.seq,
+            "max_seq": self.max_seq,
             "stuck_op": self.stuck_op, "stuck": self.stuck, "missing_ranks": list(self.missing_ranks),
             "waiting_ranks": list(self.waiting_ranks), "no_dump_ranks": list(self.no_dump_ranks),
             "not_started_ranks": list(self.not_started_ranks),
