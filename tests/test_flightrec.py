@@ -21,9 +21,11 @@ from pathlib import Path
 import pytest
 
 from logdx.flightrec import (
+    DumpSet,
     FrDumpError,
     FrLimits,
     analyse,
+    load_dump_bytes,
     load_dump_file,
     load_dumps,
     parse_fr_trace_text,
@@ -499,6 +501,24 @@ def test_directory_layouts(tmp_path):
         load_dumps(bad_only)
 
 
+def test_uploaded_dumps_read_from_bytes(tmp_path):
+    job = training(4)
+    job.collective("all_reduce", [[4096]], skip={2}, state="started")
+    uploads = [(f"fr/nccl_trace_rank_{r}.gz", gzip.compress(pickle.dumps(job.dump(r), protocol=2))) for r in range(4)]
+    f = analyse(DumpSet(load_dump_bytes(name, data) for name, data in uploads))
+    assert f.culprit_ranks == (2,)
+    assert load_dump_bytes("upload", json.dumps(job.dump_json(3)).encode(), rank=3).rank == 3
+    with pytest.raises(FrDumpError, match="^upload: cannot tell the rank"):
+        load_dump_bytes("upload", uploads[0][1])
+    with pytest.raises(FrDumpError, match=r"^evil_rank_0: refused"):
+        load_dump_bytes("evil_rank_0", pickle.dumps({"entries": [_Payload(tmp_path / "pwned")]}))
+    with pytest.raises(FrDumpError, match="^big_rank_0: larger than"):
+        load_dump_bytes("big_rank_0", uploads[0][1], FrLimits(max_file_bytes=1000))
+    with pytest.raises(FrDumpError, match="^e_rank_0: empty"):
+        load_dump_bytes("e_rank_0", b"")
+    assert not (tmp_path / "pwned").exists()
+
+
 def test_rank_of_and_ranges():
     assert rank_of("nccl_trace_rank_17") == ("nccl_trace_rank_", 17)
     assert rank_of("fr_rank_3.json.gz") == ("fr_rank_", 3)
@@ -530,6 +550,7 @@ def test_fr_trace_text_inside_a_log_with_prefixes():
                      *(f"node-3 [rank0]: {line}" for line in text.splitlines()),
                      "[2025-01-07 03:13:02] done"])
     assert parse_fr_trace_text(log).summary() == parse_fr_trace_text(text).summary()
+    assert parse_fr_trace_text(iter(log.splitlines())).summary() == parse_fr_trace_text(text).summary()
 
 
 def test_fr_trace_text_of_older_torch():

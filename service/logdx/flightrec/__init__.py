@@ -20,6 +20,7 @@ demand (any backend that records, gloo included), `_dump_fr_trace_json()` the JS
   `__reduce__` payload) is refused before anything runs. Sizes and counts are bounded (`FrLimits`).
   Unreadable files in a directory are skipped and listed (`DumpSet.skipped`); a bad single file, or
   a directory where nothing reads, raises `FrDumpError` with the file and the reason.
+  `load_dump_bytes(name, data)` reads one uploaded dump the same way (assemble a `DumpSet`).
 - `analyse(traces)` -> `FrFindings`: per process group (`PgFindings`) the collective it stands at
   (`seq`: the first that not every rank entered, since CPUs enqueue ahead of their GPUs; `max_seq`
   the highest any rank reached), its operation and sizes (`stuck_op`, `input_sizes`), the ranks
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 from logdx.flightrec.analyse import analyse
 from logdx.flightrec.frtext import parse_fr_trace_text
-from logdx.flightrec.load import load_dump_file, load_dumps
+from logdx.flightrec.load import load_dump_bytes, load_dump_file, load_dumps
 from logdx.flightrec.model import (
     DumpSet,
     Frame,
@@ -55,5 +56,5 @@ from logdx.flightrec.model import (
 
 __all__ = [
     "DumpSet", "FrDumpError", "FrEntry", "FrFindings", "FrLimits", "Frame", "PgConfig", "PgFindings", "RankTrace",
-    "Skipped", "analyse", "load_dump_file", "load_dumps", "parse_fr_trace_text",
+    "Skipped", "analyse", "load_dump_bytes", "load_dump_file", "load_dumps", "parse_fr_trace_text",
 ]

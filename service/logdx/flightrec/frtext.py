@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from logdx.flightrec.analyse import culprits_of
@@ -102,13 +103,13 @@ def _sizes(text: str) -> tuple[tuple[int, ...], ...] | None:
     return tuple(tuple(s) for s in value)
 
 
-def parse_fr_trace_text(text: str) -> FrFindings:
-    """The findings in `text` (all or part of a log holding fr_trace output); no groups when it holds
-    none."""
+def parse_fr_trace_text(text: str | Iterable[str]) -> FrFindings:
+    """The findings in `text` (all or part of a log holding fr_trace output, or its lines); no
+    groups when it holds none."""
     reports: list[_Report] = []
     no_dump: set[int] = set()
     current: _Report | None = None
-    for n, line in enumerate(text.splitlines()):
+    for n, line in enumerate(text.splitlines() if isinstance(text, str) else text):
         if n >= _MAX_LINES:
             break
         line = line.rstrip()

@@ -26,12 +26,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from logdx.flightrec.model import DumpSet, Frame, FrDumpError, FrEntry, FrLimits, PgConfig, RankTrace, Skipped
 from logdx.flightrec.safepickle import RefusedPickle, unpickle
 
-__all__ = ["load_dump_file", "load_dumps", "rank_of"]
+__all__ = ["load_dump_bytes", "load_dump_file", "load_dumps", "rank_of"]
 
 _SUFFIXES = (".gz", ".json", ".pkl", ".pickle", ".pk", ".bin", ".dump")
 _RANK_AT_END = re.compile(r"^(.*?)(\d{1,9})$")
@@ -149,15 +149,34 @@ def load_dump_file(path: Path | str, rank: int, limits: FrLimits | None = None, 
     """One rank's dump; `FrDumpError` naming the file when it is not a readable flight-recorder dump."""
     limits = limits or FrLimits()
     p = Path(path)
-    data = _read_bounded(p, limits)
+    return _from_bytes(_read_bounded(p, limits), str(p), rank, limits, keep)
+
+
+def load_dump_bytes(name: str, data: bytes, limits: FrLimits | None = None, rank: int | None = None) -> RankTrace:
+    """One rank's dump from its bytes (an upload), `name` its file name (the rank is read from it
+    unless given); the same checks and bounds as a file."""
+    limits = limits or FrLimits()
+    if rank is None:
+        named = rank_of(Path(name).name)
+        if named is None:
+            raise FrDumpError(f"{name}: cannot tell the rank from the file name (torch names dumps <prefix><rank>)")
+        rank = named[1]
+    if data[:2] == b"\x1f\x8b" or len(data) > limits.max_file_bytes:
+        data = _bounded(io.BytesIO(data), name, limits)
+    if not data:
+        raise FrDumpError(f"{name}: empty file")
+    return _from_bytes(data, name, rank, limits, None)
+
+
+def _from_bytes(data: bytes, label: str, rank: int, limits: FrLimits, keep: int | None) -> RankTrace:
     with _no_cyclic_gc():
-        obj, fmt = _decode(data, p)
+        obj, fmt = _decode(data, label)
         if not isinstance(obj, dict):
-            raise FrDumpError(f"{p}: not a flight-recorder dump (a {type(obj).__name__}, not a dict with 'entries')")
+            raise FrDumpError(f"{label}: not a flight-recorder dump (a {type(obj).__name__}, not a dict with 'entries')")
         try:
-            return _trace(obj, rank, str(p), fmt, limits, keep if keep is not None else limits.keep_entries_per_rank)
+            return _trace(obj, rank, label, fmt, limits, keep if keep is not None else limits.keep_entries_per_rank)
         except _BadField as e:
-            raise FrDumpError(f"{p}: not a flight-recorder dump torch wrote: {e}") from None
+            raise FrDumpError(f"{label}: not a flight-recorder dump torch wrote: {e}") from None
 
 
 @contextmanager
@@ -174,26 +193,32 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 
 def _read_bounded(p: Path, limits: FrLimits) -> bytes:
-    cap = limits.max_file_bytes
     try:
         with p.open("rb") as f:
-            data = f.read(cap + 1)
+            data = _bounded(f, str(p), limits)
     except OSError as e:
         raise FrDumpError(f"{p}: cannot read ({e.strerror})") from None
-    if data[:2] == b"\x1f\x8b":
-        try:
-            with gzip.GzipFile(fileobj=io.BytesIO(data)) as g:
-                data = g.read(cap + 1)
-        except (OSError, EOFError, zlib.error) as e:
-            raise FrDumpError(f"{p}: a broken gzip file ({e})") from None
-    if len(data) > cap:
-        raise FrDumpError(f"{p}: larger than {cap / 2**20:.0f} MiB, the most read from one dump")
     if not data:
         raise FrDumpError(f"{p}: empty file")
     return data
 
 
-def _decode(data: bytes, p: Path) -> tuple[Any, str]:
+def _bounded(f: BinaryIO, label: str, limits: FrLimits) -> bytes:
+    """At most `max_file_bytes` of `f`, gunzipped when it is gzip (a bomb stops at the bound)."""
+    cap = limits.max_file_bytes
+    data = f.read(cap + 1)
+    if data[:2] == b"\x1f\x8b":
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as g:
+                data = g.read(cap + 1)
+        except (OSError, EOFError, zlib.error) as e:
+            raise FrDumpError(f"{label}: a broken gzip file ({e})") from None
+    if len(data) > cap:
+        raise FrDumpError(f"{label}: larger than {cap / 2**20:.0f} MiB, the most read from one dump")
+    return data
+
+
+def _decode(data: bytes, p: str) -> tuple[Any, str]:
     if data[:1] == b"\x80":
         try:
             return unpickle(data), "pickle"
