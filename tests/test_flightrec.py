@@ -148,6 +148,22 @@ def test_ranks_that_ran_ahead_are_not_missing(tmp_path):
     assert f.culprit_ranks == (5,)
 
 
+def test_dumps_of_only_the_active_entries(tmp_path):
+    """TORCH_INCLUDE_ONLY_ACTIVE=1: each dump holds only what had not finished; the silent rank's is
+    empty of the group."""
+    job = training(8)
+    job.collective("all_reduce", [[4096]], skip={5}, state="started")
+    for r in range(8):
+        dump = job.dump(r)
+        dump["entries"] = [e for e in dump["entries"] if e["state"] != "completed"]
+        (tmp_path / f"nccl_trace_rank_{r}").write_bytes(pickle.dumps(dump, protocol=2))
+    f = analyse(load_dumps(tmp_path))
+    g = group(f, "0")
+    assert (g.seq, g.missing_ranks, g.waiting_ranks) == (6, (5,), (0, 1, 2, 3, 4, 6, 7))
+    assert "rank 5 never entered it (its last: no record of this group in its dump)" in g.summary()
+    assert f.culprit_ranks == (5,)
+
+
 def test_pickle_and_json_dumps_say_the_same(tmp_path):
     job = training(8)
     job.collective("_all_gather_base", [[256]], pg="2", out_sizes=[[1024]], skip={6}, state="started")

@@ -5,7 +5,9 @@ it entered (a ring buffer of `TORCH_FR_BUFFER_SIZE`, formerly `TORCH_NCCL_TRACE_
 entries). With `TORCH_NCCL_DUMP_ON_TIMEOUT=1` the NCCL watchdog writes it, on a collective timeout,
 to `<prefix><rank>` (`TORCH_FR_DUMP_TEMP_FILE`, formerly `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`; default
 `/tmp/nccl_trace_rank_`); `torch._C._distributed_c10d._dump_fr_trace()` returns the same bytes on
-demand (any backend that records, gloo included), `_dump_fr_trace_json()` the JSON form.
+demand (any backend that records, gloo included), `_dump_fr_trace_json()` the JSON form (also served
+by torch's debug server at `/fr_trace_json`). Dumps written with `TORCH_INCLUDE_ONLY_ACTIVE=1` hold
+only unfinished entries: they read the same (a rank with nothing pending has no record there).
 
     from logdx.flightrec import analyse, load_dumps
     findings = analyse(load_dumps("/shared/fr-dumps/job-4711"))

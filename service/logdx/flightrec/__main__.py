@@ -51,7 +51,9 @@ def findings_for(path: str, limits: FrLimits | None = None) -> FrFindings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m logdx.flightrec", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m logdx.flightrec",
+                                     description="What a job's flight-recorder dumps (or torch's fr_trace output) "
+                                                 "say about its hang.")
     parser.add_argument("path", help="directory of per-rank dumps, one dump, fr_trace output, or - for stdin")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     args = parser.parse_args(argv)

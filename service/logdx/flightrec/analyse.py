@@ -88,8 +88,8 @@ def analyse(traces: Sequence[RankTrace]) -> FrFindings:
                      + ", ".join(inferred[:6]) + (" ..." if len(inferred) > 6 else ""))
     empty = sorted(r for r, t in dumped.items() if not t.entries)
     if empty:
-        notes.append(f"rank{'s' if len(empty) > 1 else ''} {rank_ranges(empty)} dumped no entries "
-                     "(TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE unset there?)")
+        notes.append(f"rank{'s' if len(empty) > 1 else ''} {rank_ranges(empty)} dumped no entries (the recorder off "
+                     "there, TORCH_FR_BUFFER_SIZE=0? or only active entries dumped and none pending)")
     notes.extend(_version_notes(traces))
     culprits, basis_no_dump = culprits_of(findings)
     findings.sort(key=lambda f: _order(f, culprits))
