@@ -470,6 +470,11 @@ def test_size_bounds(tmp_path):
         load_dumps(tmp_path / "dir", FrLimits(max_files=1))
     with pytest.raises(FrDumpError, match="MiB of dumps"):
         load_dumps(tmp_path / "dir", FrLimits(max_total_bytes=100))
+    for r in range(2):  # small files, large dumps
+        (tmp_path / "gz" / f"nccl_trace_rank_{r}.gz").parent.mkdir(exist_ok=True)
+        (tmp_path / "gz" / f"nccl_trace_rank_{r}.gz").write_bytes(gzip.compress(data))
+    with pytest.raises(FrDumpError, match="MiB of dumps once gunzipped"):
+        load_dumps(tmp_path / "gz", FrLimits(max_total_bytes=len(data) + 10))
     dropped = load_dumps(tmp_path / "dir", FrLimits(keep_entries_per_rank=16))
     assert any("newest 16 entries" in n for n in dropped.notes)
     # shared references: a small pickle whose lists point at one list many times stays small in work

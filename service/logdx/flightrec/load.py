@@ -90,11 +90,18 @@ def _load_dir(root: Path, limits: FrLimits) -> DumpSet:
     keep = min(limits.keep_entries_per_rank, max(64, limits.max_total_entries // max(1, len(files))))
     traces: list[RankTrace] = []
     skipped: list[Skipped] = []
+    read = 0
     for f, rank in files:
         try:
-            traces.append(load_dump_file(f, rank, limits, keep=keep))
+            trace = load_dump_file(f, rank, limits, keep=keep)
         except FrDumpError as e:
             skipped.append(Skipped(str(f), rank, str(e)))
+            continue
+        traces.append(trace)
+        read += trace.size_bytes
+        if read > limits.max_total_bytes:  # gzipped dumps can hold more than their files' sizes said
+            raise FrDumpError(f"{root}: more than {limits.max_total_bytes / 2**20:.0f} MiB of dumps once gunzipped, "
+                              "more than read at once: point at fewer ranks")
     if not traces:
         reasons = "; ".join(s.reason for s in skipped[:3])
         raise FrDumpError(f"{root}: none of the {len(files)} dump files could be read: {reasons}")
@@ -174,7 +181,9 @@ def _from_bytes(data: bytes, label: str, rank: int, limits: FrLimits, keep: int 
         if not isinstance(obj, dict):
             raise FrDumpError(f"{label}: not a flight-recorder dump (a {type(obj).__name__}, not a dict with 'entries')")
         try:
-            return _trace(obj, rank, label, fmt, limits, keep if keep is not None else limits.keep_entries_per_rank)
+            trace = _trace(obj, rank, label, fmt, limits, keep if keep is not None else limits.keep_entries_per_rank)
+            trace.size_bytes = len(data)
+            return trace
         except _BadField as e:
             raise FrDumpError(f"{label}: not a flight-recorder dump torch wrote: {e}") from None
 

@@ -108,6 +108,7 @@ class RankTrace:
     pg_status: dict[str, dict[str, int]] = field(default_factory=dict)   # pg uid -> last_*_collective
     comm_lib_version: str = ""
     entries_dropped: int = 0                        # older entries not kept (limits)
+    size_bytes: int = 0                             # the dump's size as read (after gunzip)
 
 
 @dataclass(frozen=True)
