@@ -23,6 +23,7 @@ from drain3.drain import Drain
 from logdx.config import CompressSettings
 from logdx.hosts import clean_hostname
 from logdx.model import CompressionSummary, KeptLine, ProgressSummary, Record, TemplateStats
+from logdx.flightrec.frtext import is_report_line, is_report_start
 from logdx.stacks import classify_line, is_stack_start
 from logdx.timeline import LossSignal, ProgressShape, Timeline, checkpoint_step_of, may_count, progress_shape_of
 from logdx.patterns import (
@@ -120,7 +121,7 @@ class CompressConfig:
     tail_lines_per_source: int = _setting("tail_lines_per_source")
     max_sources: int = 8192
     max_traceback_lines: int = 400  # per source, per traceback
-    max_stack_lines: int = 400  # per source, per stack dump (a py-spy dump of one process, all its threads)
+    max_block_lines: int = 400  # per source, per block (a py-spy dump of one process and its threads, an fr_trace report)
     mask_cache_size: int = 200_000
     max_ids_per_template: int = 4096  # ranks / hosts remembered per template
     max_merged_templates: int = 2000  # above this many templates, merged_ids() leaves them apart
@@ -277,7 +278,9 @@ class _Shape:
     # turn out to be progress (its counter rises: see timeline.Learner). Cleared once decided.
     watch: bool = False
     checkpoint: bool = False
-    stack: bool = False  # starts a stack dump (py-spy, faulthandler): its frames are kept
+    # Starts a block kept whole although its lines carry no error word: "stack" (a py-spy / faulthandler /
+    # gdb dump), "fr" (a report of torch's flight-recorder analyser). None: not one.
+    block: str | None = None
 
 
 @dataclass(slots=True)
@@ -286,7 +289,8 @@ class _SourceState:
     in_traceback: int = 0  # lines left in the current traceback, 0 when not in one
     after_exception: int = 0  # continuation lines of an exception message still to keep
     tb_prefix: str = ""  # what the logger writes before each traceback line
-    in_stack: int = 0  # lines left in the current stack dump, 0 when not in one
+    in_block: int = 0  # lines left in the current block (see _Shape.block), 0 when not in one
+    block_kind: str = ""
     last_progress_ts: float | None = None
     interval_ema: float | None = None
     last_line: int = 0  # its last line of any kind, and that line's time: which rank went quiet
@@ -386,7 +390,7 @@ class Compressor:
                              divergence=signal.divergence)]
         loss_anomaly = signal is not None and signal.kind == "nan"
         if (src.in_traceback or src.after_exception or shape.traceback or loss_anomaly or shape.error
-                or src.in_stack or shape.stack or stats.count <= self.config.first_lines_per_template):
+                or src.in_block or shape.block or stats.count <= self.config.first_lines_per_template):
             reason = self._keep_reason(rec, shape, stats, src, loss_anomaly)
             if reason is not None:
                 return [self._keep(rec, stats, reason)]
@@ -409,7 +413,7 @@ class Compressor:
             error=error,
             progress=progress,
             checkpoint=checkpoint,
-            stack=is_stack_start(text),
+            block="stack" if is_stack_start(text) else "fr" if is_report_start(text) else None,
             # A line of digits no form knows may be a counter: the timeline learns it (or not).
             watch=checkpoint or (progress is None and not error and len(key) < len(text) and may_count(text)),
             topology=("NCCL INFO comm" in masked and "busId" in masked) or "[Rank <*>] [job id" in masked
@@ -532,8 +536,8 @@ class Compressor:
         self, rec: Record, shape: _Shape, stats: TemplateStats, src: _SourceState, loss_anomaly: bool
     ) -> str | None:
         text = rec.text
-        if src.in_stack or shape.stack:
-            reason = self._stack_step(text, shape, src)
+        if src.in_block or shape.block:
+            reason = self._block_step(text, shape, src)
             if reason is not None:
                 return reason
         if src.in_traceback:
@@ -562,15 +566,15 @@ class Compressor:
             return "new_template"
         return None
 
-    def _stack_step(self, text: str, shape: _Shape, src: _SourceState) -> str | None:
-        """A stack dump's lines are kept whole, up to `max_stack_lines` per dump; None: not one (any more)."""
-        if shape.stack:
-            src.in_stack = self.config.max_stack_lines
-        elif classify_line(text) is None:
-            src.in_stack = 0
+    def _block_step(self, text: str, shape: _Shape, src: _SourceState) -> str | None:
+        """A block's lines are kept whole, up to `max_block_lines` per block; None: not one (any more)."""
+        if shape.block:
+            src.in_block, src.block_kind = self.config.max_block_lines, shape.block
+        elif not (classify_line(text) is not None if src.block_kind == "stack" else is_report_line(text)):
+            src.in_block = 0
             return None
-        src.in_stack -= 1
-        return "stack" if self._room() else None
+        src.in_block -= 1
+        return src.block_kind if self._room() else None
 
     def _traceback_step(self, text: str, src: _SourceState) -> str:
         src.in_traceback -= 1

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from logdx.config import DetectSettings
 from logdx.model import CompressionSummary, Event, Frame, KeptLine, Record
+from logdx.flightrec.frtext import parse_fr_trace_text
 from logdx.stacks import classify_line
 from logdx.patterns import (
     CHAINED,
@@ -153,6 +154,7 @@ class Detector:
         self._chain_pending: set[str] = set()  # "During handling of the above exception" was said
         self._host_follows: dict[str, Event] = {}  # an event whose host is on one of the next lines
         self._stacks: dict[str, _OpenStack] = {}  # a stack dump being read, per source
+        self._reports: dict[str, list[Record]] = {}  # an fr_trace report being read, per source
         self.events_emitted = 0
 
     def feed(self, kept: KeptLine) -> list[Event]:
@@ -162,8 +164,11 @@ class Detector:
         self._note_named_host(key, rec)
         if kept.reason == "stack":
             return self._stack_line(key, rec)
-        if key in self._stacks:  # anything else from the process ends its dump
-            return self._count(self._close_stack(key)) + self.feed(kept)
+        if kept.reason == "fr":
+            self._reports.setdefault(key, []).append(rec)
+            return []
+        if key in self._stacks or key in self._reports:  # anything else from the process ends its block
+            return self._count(self._close_stack(key) + self._close_report(key)) + self.feed(kept)
         if rec.text.lstrip().startswith(CHAINED):
             self._chain_pending.add(key)  # the traceback that follows is the next link of the chain
             return []
@@ -203,6 +208,7 @@ class Detector:
     def finish(self, summary: CompressionSummary, last_progress: Record | None = None) -> list[Event]:
         """Close what is still open and look at the stream as a whole (stalls)."""
         dumps = [ev for key in list(self._stacks) for ev in self._close_stack(key)]
+        dumps += [ev for key in list(self._reports) for ev in self._close_report(key)]
         for tb in self._open.values():
             if tb.glued is not None:  # the stream ended on a closing line with a glued class
                 tb.event.exception_type, tb.event.exception_message = tb.glued, ""
@@ -246,6 +252,16 @@ class Detector:
         elif what.kind == "frame" and what.frame is not None:
             dump.frame(what.frame, rec)
         return self._count(out)
+
+    def _close_report(self, key: str) -> list[Event]:
+        """An fr_trace report (torch's flight-recorder analyser) as one `fr_report` event with its findings."""
+        lines = self._reports.pop(key, None)
+        if not lines:
+            return []
+        findings = parse_fr_trace_text(r.text for r in lines)
+        if not findings.groups:
+            return []
+        return [Event(kind="fr_report", anchor=lines[0], lines=lines, attrs={"findings": findings})]
 
     def _close_stack(self, key: str) -> list[Event]:
         dump = self._stacks.pop(key, None)

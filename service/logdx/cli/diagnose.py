@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from typing import BinaryIO
 
     from logdx.act.report import Report
+    from logdx.flightrec import FrFindings
     from logdx.formats import Meta
     from logdx.model import FailureContext
     from logdx.pipeline import Engine
@@ -38,6 +39,9 @@ def add_diagnose_args(p: argparse.ArgumentParser) -> None:
                    help="text, ndjson, msgpack, otlp, otlp-json, loki, loki-json, or auto (the default: "
                         "recognised by the first bytes where that is unambiguous, else text)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--fr-dumps", default=None, metavar="PATH",
+                   help="the job's PyTorch flight-recorder dumps (a directory of per-rank files, or one file): "
+                        "the ranks missing from the collective the others wait in name a hang's culprit")
     p.add_argument("--exit-code", type=int, default=None, metavar="N",
                    help="how the job ended, when you know it: 0 with no fatal event in the log is healthy "
                         "(whatever it printed on the way); non-zero is a failure even when the log says nothing")
@@ -50,9 +54,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from logdx.formats import FormatError
     from logdx.normalize import InputError
 
+    fr = _flight_recorder(args.fr_dumps) if args.fr_dumps else None
     engine = build_engine(settings_from(args), args.rules)
     try:
-        report, context = diagnose_file(engine, args.log, args.format, args.exit_code)
+        report, context = diagnose_file(engine, args.log, args.format, args.exit_code, fr)
     except (InputError, FormatError) as e:
         raise UsageError(str(e)) from None
     if report.status == "empty":
@@ -65,8 +70,17 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def diagnose_file(engine: Engine, path: str, fmt: str,
-                  exit_code: int | None = None) -> tuple[Report, FailureContext | None]:
+def _flight_recorder(path: str) -> FrFindings:
+    from logdx.flightrec import FrDumpError, analyse, load_dumps
+
+    try:
+        return analyse(load_dumps(path))
+    except FrDumpError as e:
+        raise UsageError(f"--fr-dumps: {e}") from None
+
+
+def diagnose_file(engine: Engine, path: str, fmt: str, exit_code: int | None = None,
+                  fr: FrFindings | None = None) -> tuple[Report, FailureContext | None]:
     """Text goes the fast way (`Engine.diagnose_path`); a shipper's format through `logdx.formats`,
     every record one job's (whatever job it names), records without a line noted in the report."""
     import gzip
@@ -86,15 +100,17 @@ def diagnose_file(engine: Engine, path: str, fmt: str,
             name = "stdin" if str(path) == "-" else str(path)
             raise InputError(f"{name}: binary data, not a text log (for a shipper's format, see --format)")
         if chosen == "text":
-            return engine.diagnose_path(path, exit_code) if str(path) != "-" else _feed(engine, f, meta, "text", exit_code)
+            if str(path) != "-":
+                return engine.diagnose_path(path, exit_code, fr)
+            return _feed(engine, f, meta, "text", exit_code, fr)
         try:
-            return _feed(engine, f, meta, chosen, exit_code)
+            return _feed(engine, f, meta, chosen, exit_code, fr)
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
             raise InputError(f"{path}: truncated or corrupt gzip data ({e})") from None
 
 
-def _feed(engine: Engine, f: BinaryIO, meta: Meta, fmt: str,
-          exit_code: int | None = None) -> tuple[Report, FailureContext | None]:
+def _feed(engine: Engine, f: BinaryIO, meta: Meta, fmt: str, exit_code: int | None = None,
+          fr: FrFindings | None = None) -> tuple[Report, FailureContext | None]:
     from logdx import formats
 
     session = engine.new_session()
@@ -103,6 +119,8 @@ def _feed(engine: Engine, f: BinaryIO, meta: Meta, fmt: str,
         session.feed_runs((source, lines) for _, source, lines in batch.runs)
         for reason, n in batch.refused.items():
             refused[reason] = refused.get(reason, 0) + n
+    if fr is not None:
+        session.add_flight_recorder(fr)
     report = session.report(exit_code)
     if refused:
         report.notes.append("records without a line, skipped: " + ", ".join(f"{n} {r}" for r, n in sorted(refused.items())))

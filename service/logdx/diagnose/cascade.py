@@ -16,6 +16,7 @@ from typing import Protocol
 
 from logdx.diagnose.culprit import UNNAMED_CORDON_MIN_CONFIDENCE, blames_one_node
 from logdx.diagnose.fusion import FusionResult, FusionWeights, fuse, needs_arbiter
+from logdx.diagnose.hangs import HANG_TYPES
 from logdx.diagnose.life import first_stopped
 from logdx.diagnose.rootcause import Finding, RulesOutcome, find_root_cause, likeliest_unexplained
 from logdx.diagnose.rules import RuleSet
@@ -139,8 +140,14 @@ def settle_action(diagnosis: Diagnosis) -> Diagnosis:
     label = diagnosis.label
     if label is None or label.action is not Action.CORDON_AND_RESTART:
         return diagnosis
-    unnamed_ok = diagnosis.decided_by == "rules" and diagnosis.confidence >= UNNAMED_CORDON_MIN_CONFIDENCE
-    ok, why = blames_one_node(diagnosis.attribution, unnamed_ok=unnamed_ok)
+    att = diagnosis.attribution
+    if label.failure_type in HANG_TYPES:
+        # A hang takes its silent rank's node out only when the log names it and a second signal agrees.
+        ok, why = (True, "") if len(att.hosts) == 1 and att.corroborated else (
+            False, "the hang's silent rank is not on one named, corroborated host")
+    else:
+        unnamed_ok = diagnosis.decided_by == "rules" and diagnosis.confidence >= UNNAMED_CORDON_MIN_CONFIDENCE
+        ok, why = blames_one_node(att, unnamed_ok=unnamed_ok)
     if not ok:
         diagnosis.label = Label(label.category, label.failure_type, Action.RESTART)
         diagnosis.notes.append(f"restart, not cordon: {why}")

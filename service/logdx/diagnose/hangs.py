@@ -22,11 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from logdx.diagnose.rules import RuleHit
+from logdx.flightrec import FrFindings
 from logdx.model import Category, Event, Frame, Label, Record, Role
 from logdx.stacks import frame_owner
 from logdx.taxonomy import default_action, module_of_path
 
-__all__ = ["HANG_TYPES", "Minority", "hang_label", "in_collective", "minority_hit", "silent_rank_label", "stack_minority"]
+__all__ = ["HANG_TYPES", "Minority", "fr_hit", "hang_label", "in_collective", "minority_hit", "silent_rank_label",
+           "stack_minority"]
 
 HANG_TYPES = frozenset({"hang", "framework_hang", "script_hang"})
 # Functions a process waits in when it is inside a collective (or waiting for the GPU to finish one).
@@ -154,6 +156,53 @@ def minority_hit(m: Minority) -> RuleHit:
         severity="high", confidence=m.confidence, line=m.line, groups={}, hint=hints[label.failure_type],
         event=m.events[0],
     )
+
+
+def fr_hit(ev: Event) -> tuple[RuleHit, set[int]] | None:
+    """A flight-recorder report (from dumps, or torch's fr_trace text in the log) as a root cause, with
+    the ranks it blames: outside every collective, else on the other side of a desync, else missing
+    from the stuck collective. A desync (ranks calling different collectives) is the code's; a rank
+    that never came is the machine's until more is known."""
+    findings = ev.attrs.get("findings")
+    if not isinstance(findings, FrFindings) or not findings.stuck_groups:
+        return None
+    ranks = findings.culprit_ranks or findings.desync_ranks or findings.missing_ranks
+    desync = next((g for g in findings.stuck_groups if g.mismatch), None)
+    line = ev.anchor
+    if desync is not None or (not findings.culprit_ranks and any(g.stack for g in findings.stuck_groups)):
+        group = desync or next(g for g in findings.stuck_groups if g.stack)
+        frames = [Frame(path=f.filename, line=f.line, function=f.name) for f in reversed(group.stack)]
+        owner, frame = _owner_of_frames(frames)
+        label = hang_label(owner or "user")
+        line = _line_naming(ev, frame) or line
+    else:
+        label = hang_label("native")
+    summary = findings.summary().splitlines()
+    title = f"Flight recorder: {summary[0]}" if summary else "Flight recorder: a collective no rank finished"
+    hint = ("The flight recorder names the rank(s) that left the collective everyone else waits in: restart without "
+            "their node if it is named (check its GPU and kernel log)" if label.failure_type == "hang" else
+            "The ranks ran different collectives (a desync): the code path that differs between ranks is a bug "
+            "(see the collective's stack); fix it before restarting")
+    hit = RuleHit(rule_id="hang-flight-recorder", pack="hangs", title=title, role=Role.ROOT_CAUSE, label=label,
+                  severity="high", confidence=0.85, line=line, groups={}, hint=hint + ".", event=ev)
+    return hit, set(ranks)
+
+
+def _owner_of_frames(frames: Sequence[Frame]) -> tuple[str, Frame | None]:
+    for f in reversed(frames):
+        owner = frame_owner(f, module_of_path(f.path))
+        if owner in ("library", "user") and (f.function or "") not in _COLLECTIVES:
+            return owner, f
+    return "", None
+
+
+def _line_naming(ev: Event, frame: Frame | None) -> Record | None:
+    if frame is None:
+        return None
+    for rec in ev.lines:
+        if frame.path in rec.text and (frame.function or "") in rec.text:
+            return rec
+    return None
 
 
 def silent_rank_label() -> Label:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from logdx.diagnose.culprit import HANG_BASES, attribute
-from logdx.diagnose.hangs import minority_hit, silent_rank_label, stack_minority
+from logdx.diagnose.hangs import fr_hit, minority_hit, silent_rank_label, stack_minority
 from logdx.diagnose.life import MIN_ADVANCES, is_warning, went_on_after
 from logdx.diagnose.origin import locate
 from logdx.diagnose.rules import RuleHit, RuleSet, render_hint
@@ -84,16 +84,18 @@ def find_root_cause(
 ) -> RulesOutcome:
     """`exited_ok`: the job is known to have exited 0, so any error its process trained past at
     all was survived."""
-    dumps = [e for e in events if e.kind == "stack_dump"]
-    everything, unexplained = _match_all([e for e in events if e.kind != "stack_dump"], rules, summary,
+    dumps = [e for e in events if e.kind in _READ_AS_A_WHOLE]
+    everything, unexplained = _match_all([e for e in events if e.kind not in _READ_AS_A_WHOLE], rules, summary,
                                          1 if exited_ok else MIN_ADVANCES)
     findings = [f for f in everything if not f.survived]
     recovered = [f for f in everything if f.survived and f.hit.role is not Role.SYMPTOM]
     winner, role = _choose(findings, summary)
-    if role in (None, Role.SYMPTOM) and (minority := stack_minority(dumps)) is not None:
-        # Only symptoms (or nothing), and the stacks show who the others wait for: that is the cause.
-        winner, role = Finding(event=minority.events[0], hit=minority_hit(minority)), Role.ROOT_CAUSE
-        findings.append(winner)
+    if role in (None, Role.SYMPTOM):
+        # Only symptoms (or nothing): the flight recorder, or the stacks, may show who the others wait for.
+        hang = _hang_from_dumps(dumps)
+        if hang is not None:
+            winner, role = hang, Role.ROOT_CAUSE
+            findings.append(winner)
     att = attribute(winner, role, findings, summary)
     if role is Role.SYMPTOM and winner is not None and att.ranks and att.basis in HANG_BASES \
             and winner.hit.label.failure_type in ("nccl_timeout", "hang"):
@@ -147,6 +149,21 @@ def _match_all(events: Sequence[Event], rules: RuleSet, summary: CompressionSumm
         found.similar += 1
         _note_where(found, hit)
     return list(by_key.values()), unexplained
+
+
+# Events the diagnosis reads as a whole, not line by line: stack dumps, flight-recorder reports.
+_READ_AS_A_WHOLE = frozenset({"stack_dump", "fr_report"})
+
+
+def _hang_from_dumps(dumps: list[Event]) -> Finding | None:
+    for ev in dumps:
+        if ev.kind == "fr_report" and (found := fr_hit(ev)) is not None:
+            hit, ranks = found
+            return Finding(event=ev, hit=hit, ranks=ranks)
+    minority = stack_minority(dumps)
+    if minority is None:
+        return None
+    return Finding(event=minority.events[0], hit=minority_hit(minority))
 
 
 def _survived(event: Event, summary: CompressionSummary, at_least: int) -> bool:
