@@ -463,8 +463,8 @@ class Detector:
         return Event(kind="loss_nan", anchor=rec, lines=[rec], attrs=attrs)
 
     def _stall_event(self, summary: CompressionSummary, last_progress: Record | None) -> Event | None:
-        if last_progress is None or summary.last_progress_ts is None or summary.last_ts is None:
-            return None
+        if last_progress is None or last_progress.ts is None or summary.last_progress_ts is None or summary.last_ts is None:
+            return None  # the last progress line says no time: how long ago it was cannot be told
         gap = summary.last_ts - summary.last_progress_ts
         interval = summary.step_interval_s or 0.0
         if gap < max(self.config.stall_factor * interval, self.config.stall_min_s):

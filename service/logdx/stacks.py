@@ -14,10 +14,10 @@ The compressor keeps these lines (they carry no error word); the detector reads 
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 
 from logdx.model import Frame
+from logdx.taxonomy import is_stdlib_path
 
 __all__ = ["StackLine", "classify_line", "frame_owner", "is_stack_start"]
 
@@ -93,24 +93,17 @@ def classify_line(text: str) -> StackLine | None:
 
 # -- who owns a frame ----------------------------------------------------------------------------------
 
-_STDLIB = frozenset(sys.stdlib_module_names) | {"<frozen"}
 _SITE = re.compile(r"[\\/](?:site|dist)-packages[\\/]")
-_PYTHON_LIB = re.compile(r"[\\/]lib[\\/]python\d+(?:\.\d+)?[\\/](?!site-packages|dist-packages)")
 
 
 def frame_owner(frame: Frame, library_module: str | None) -> str:
-    """"stdlib", "library", "native" (a shared object: --native frames) or "user", for one frame;
-    `library_module` is the installed library the caller recognised the path as (None: not one)."""
+    """"stdlib", "library", "native" (a shared object or C source: --native and gdb frames) or "user",
+    for one frame; `library_module` is the installed library the caller recognised the path as."""
     path = frame.path.replace("\\", "/")
-    if not path or path.endswith(".so") or ".so." in path or path.endswith((".c", ".cc", ".cpp", ".S", ".h")):
-        return "native" if not _SITE.search(path) else "library"
+    if not path or path.endswith((".so", ".c", ".cc", ".cpp", ".S", ".h")) or ".so." in path:
+        return "library" if _SITE.search(path) else "native"
     if _SITE.search(path) or library_module is not None:
         return "library"
-    if _PYTHON_LIB.search(path) or path.startswith("<frozen"):
-        return "stdlib"
-    top = path.lstrip("./").split("/", 1)[0].removesuffix(".py")
-    if "/" not in path.lstrip("./") and top in _STDLIB:
-        return "stdlib"
-    if "/" in path.lstrip("./") and top in _STDLIB and top not in ("test", "tests"):
+    if is_stdlib_path(path):
         return "stdlib"
     return "user"

@@ -50,6 +50,7 @@ _MAX_CHECKPOINTS = 256
 # integer must rise by the same amount on one source's consecutive lines.
 _LEARN_LINES = 48
 _LEARN_RISES = 4
+_WARM_UP_STEPS = 50
 
 
 class TimelineError(ValueError):
@@ -495,7 +496,7 @@ class Timeline:
         if w.baseline is None or w.low is None:
             w.baseline = w.low = loss
             return None
-        if loss > _course(w.low, w.spread):
+        if loss > _course(w.low, w.spread) and not _warming_up(step, w.seen):
             _start(w, rec, step, "spike", loss)
             return None
         w.baseline = 0.9 * w.baseline + 0.1 * loss
@@ -675,6 +676,11 @@ def _start(w: _Watch, rec: Record, step: float, kind: str, peak: float) -> None:
     course = w.low if w.low is not None else w.baseline
     w.onset = (rec, step, course if course is not None else math.nan, peak)
     w.onset_kind, w.after, w.last, w.run_sum = kind, 0, math.nan, 0.0
+
+
+def _warming_up(step: float | None, seen: int) -> bool:
+    """The first steps of a run (warm-up, a learning rate still rising) jump about: no divergence there."""
+    return (step is not None and step < _WARM_UP_STEPS) or seen < 2
 
 
 def _course(low: float, spread: float) -> float:
