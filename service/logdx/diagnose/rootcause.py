@@ -298,9 +298,10 @@ def _application_fault(winner: Finding, roots: list[Finding], summary: Compressi
 
 
 def _named_report(winner: Finding, roots: list[Finding]) -> Finding:
-    """The same fault is often printed twice: an anonymous exception line, and the NCCL watchdog
-    of the rank it happened on ("[Rank 1] ... watchdog thread terminated with exception: CUDA error:
-    uncorrectable ECC error"). The report that names its rank or host is the more telling root line."""
+    """The same fault is often printed twice: the exception line, and the NCCL watchdog of the rank it
+    happened on ("[Rank 1] ... watchdog thread terminated with exception: CUDA error: uncorrectable ECC
+    error"). The exception line stays the root (the first, most specific statement); when it names no
+    rank or host, the echo that does tells whose it was."""
     if winner.hit.rank is not None or winner.hit.host:
         return winner
     twins = [
@@ -308,7 +309,17 @@ def _named_report(winner: Finding, roots: list[Finding]) -> Finding:
         if f is not winner and f.hit.label.failure_type == winner.hit.label.failure_type
         and (f.hit.rank is not None or f.hit.host) and _near(winner.event, f.event)
     ]
-    return _earliest(twins) if twins else winner
+    if not twins:
+        return winner
+    twin = _earliest(twins)
+    if _earlier(twin.event, winner.event):
+        return twin  # the named report came first: it is the first statement
+    named = replace(winner, ranks=set(winner.ranks), hosts=set(winner.hosts))
+    if twin.hit.rank is not None:
+        named.ranks.add(twin.hit.rank)
+    if twin.hit.host:
+        named.hosts.add(twin.hit.host)
+    return named
 
 
 def _near(a: Event, b: Event) -> bool:
