@@ -343,7 +343,8 @@ class Compressor:
         # Lines that differ only in their digits share a shape: deleting digits from the bytes is
         # ten times cheaper than masking, so the regex runs once per shape, not once per line.
         text = rec.text
-        key = text.encode("utf-8", "surrogatepass").translate(None, _DIGITS)
+        encoded = text.encode("utf-8", "surrogatepass")
+        key = encoded.translate(None, _DIGITS)
         shape = self._shapes.get(key)
         if shape is None:
             shape = self._new_shape(key, MASK.sub(PARAM, text), text)
@@ -381,7 +382,7 @@ class Compressor:
             src.last_ts = ts
         signal = None
         if shape.progress is not None:
-            signal = self._note_progress(rec, src, source_key, shape)
+            signal = self._note_progress(rec, src, source_key, shape, encoded)
         elif shape.watch:
             self._watch_shape(key, shape, rec, source_key)
         if signal is not None and signal.kind == "diverged":
@@ -598,7 +599,8 @@ class Compressor:
 
     # -- progress: what stalls and loss anomalies are judged by -----------------------------------
 
-    def _note_progress(self, rec: Record, src: _SourceState, source_key: str, shape: _Shape) -> LossSignal | None:
+    def _note_progress(self, rec: Record, src: _SourceState, source_key: str, shape: _Shape,
+                       encoded: bytes) -> LossSignal | None:
         """A progress line: step timing for stalls, and the timeline (per-rank steps, the loss)."""
         self._progress_lines += 1
         self.last_progress = rec
@@ -612,7 +614,7 @@ class Compressor:
             if self._last_progress_ts is None or ts > self._last_progress_ts:
                 self._last_progress_ts = ts
         assert shape.progress is not None
-        signal = self.timeline.note(rec, source_key, shape.progress, shape.template_id)
+        signal = self.timeline.note(rec, source_key, shape.progress, shape.template_id, encoded)
         loss = self.timeline.last_loss
         if loss is not None and math.isfinite(loss):
             self._last_finite_loss_line[source_key] = rec.line_no

@@ -51,6 +51,10 @@ _MAX_CHECKPOINTS = 256
 _LEARN_LINES = 48
 _LEARN_RISES = 4
 _WARM_UP_STEPS = 50
+# The counter-only fast path (most progress lines of a big job: every rank printing the same step) reads
+# the number of a loop's first lines, then of one line in _SAMPLE.
+_EXACT_LINES = 32
+_SAMPLE = 8
 
 
 class TimelineError(ValueError):
@@ -131,6 +135,14 @@ class ProgressShape:
     # epoch * total + step, so that it keeps rising across epochs. -1: not such a line.
     epoch: int = -1
     total: int = -1
+    # The fast way to the counter, for the many ranks whose loss nobody reads: its index among the line's
+    # runs of digits (-1: the counter is not a plain integer, read the slow way), and how many runs.
+    counter_run: int = -1
+    epoch_run: int = -1
+    total_run: int = -1
+    n_runs: int = 0
+    loss_series: bool = False  # says something of the loss (read from one source only)
+    time_series: bool = False  # says the step time (read from one source only)
 
     @property
     def has_loss(self) -> bool:
@@ -163,8 +175,38 @@ def progress_shape_of(text: str) -> ProgressShape | None:
     counter = next((i for c in _COUNTERS for f, i in fields if f == c), -1)
     found = dict(fields)
     per_epoch = "step" in found and "epoch" in found and "total" in found
-    return ProgressShape(n_numbers=len(starts), fields=tuple(fields), consts=tuple(consts), counter=counter,
-                         epoch=found["epoch"] if per_epoch else -1, total=found["total"] if per_epoch else -1)
+    runs = _digit_runs(text)
+    numbers = list(_NUMBER.finditer(text))
+
+    def run_of(index: int) -> int:
+        """The digit run of a plain-integer number (-1 when the number is not one)."""
+        if index < 0:
+            return -1
+        token = numbers[index].group().lstrip("+-")
+        if not token.isdigit():
+            return -1
+        at = numbers[index].start() + (len(numbers[index].group()) - len(token))
+        return next((k for k, (start, _) in enumerate(runs) if start == at), -1)
+
+    epoch_i, total_i = (found["epoch"], found["total"]) if per_epoch else (-1, -1)
+    shape = ProgressShape(n_numbers=len(starts), fields=tuple(fields), consts=tuple(consts), counter=counter,
+                          epoch=epoch_i, total=total_i, counter_run=run_of(counter), n_runs=len(runs))
+    named = {f for f, _ in fields} | {f for f, _ in consts}
+    shape.loss_series, shape.time_series = bool(named & _LOSS_FIELDS), bool(named & _TIME_FIELDS)
+    if per_epoch:
+        shape.epoch_run, shape.total_run = run_of(epoch_i), run_of(total_i)
+        if shape.epoch_run < 0 or shape.total_run < 0:
+            shape.counter_run = -1
+    return shape
+
+
+_LOSS_FIELDS = frozenset({"loss", "grad_norm", "skipped_iters", "skipped_total", "nan_iters"})
+_TIME_FIELDS = frozenset({"step_time_ms", "step_time_s", "it_per_s"})
+_DIGIT_RUN = re.compile(rb"\d+")
+
+
+def _digit_runs(text: str) -> list[tuple[int, int]]:
+    return [(m.start(), m.end()) for m in re.finditer(r"\d+", text)]
 
 
 def checkpoint_step_of(text: str) -> int | None:
@@ -276,8 +318,16 @@ class _Source:
     main_value: float | None = None  # its counter (or line count)
     loops: dict[int, list[float]] = field(default_factory=dict)  # template -> [last counter, advances]
     plain: dict[int, int] = field(default_factory=dict)  # template of a loss line without a counter -> lines
-    rate_ema: float | None = None  # steps per second
-    rate_anchor: tuple[float, float] | None = None  # (ts, step) the rate is measured from
+    seen: dict[int, int] = field(default_factory=dict)  # template -> lines (the counter-only fast path)
+    pending: tuple[ProgressShape, int, bytes, float | None] | None = None  # its last line, not read yet
+    rate_anchor: tuple[float, float] | None = None  # (ts, step) of its first timed step
+    rate_last: tuple[float, float] | None = None  # and of its last
+
+    @property
+    def steps_per_s(self) -> float | None:
+        if self.rate_anchor is None or self.rate_last is None or self.rate_last[0] <= self.rate_anchor[0]:
+            return None
+        return (self.rate_last[1] - self.rate_anchor[1]) / (self.rate_last[0] - self.rate_anchor[0])
 
 
 @dataclass(slots=True)
@@ -349,7 +399,8 @@ class Timeline:
         self.last_ts: float | None = None
         self._loss = _Series()
         self._step_time = _Series()
-        self._loss_source: str | None = None
+        self._loss_source: str | None = None  # the one source the loss is read from
+        self._time_source: str | None = None  # and the step time
         self._watch = _Watch()
         self.divergence: Divergence | None = None
         self.recovered_spikes: list[Divergence] = []
@@ -359,8 +410,14 @@ class Timeline:
 
     # -- the hot path: one progress line ----------------------------------------------------------------
 
-    def note(self, rec: Record, source_key: str, shape: ProgressShape, template_id: int) -> LossSignal | None:
-        """One progress line of `source_key`; returns a loss signal when the line gives one."""
+    def note(self, rec: Record, source_key: str, shape: ProgressShape, template_id: int,
+             encoded: bytes | None = None) -> LossSignal | None:
+        """One progress line of `source_key` (`encoded`: its text as UTF-8, when the caller has it);
+        returns a loss signal when the line gives one. Most progress lines of a big job are the same
+        step printed by every rank: for those only the counter is read, from the line's digit runs;
+        the loss and the step time are read from one source only (the first that printed them)."""
+        if not self._reads_series(source_key, shape) and shape.counter_run >= 0 and encoded is not None:
+            return self._count_fast(rec, source_key, shape, template_id, encoded)
         nums = _NUMBER.findall(rec.text)
         if len(nums) != shape.n_numbers:
             return None  # a line this shape does not describe (a number written another way)
@@ -401,6 +458,59 @@ class Timeline:
                 self._count(src, template_id, float(seen), ts, numbered=False)
         return self._measure(rec, source_key, values, src)
 
+    def _reads_series(self, source_key: str, shape: ProgressShape) -> bool:
+        """Whether this line's loss or step time is read: it is the series' source, or could become it."""
+        if shape.loss_series and (self._loss_source is None or source_key == self._loss_source):
+            return True
+        return shape.time_series and (self._time_source is None or source_key == self._time_source)
+
+    def _count_fast(self, rec: Record, source_key: str, shape: ProgressShape, template_id: int,
+                    encoded: bytes) -> None:
+        """A counter-only line: its number is read on a loop's first lines and then on one line in
+        `_SAMPLE` (a line of the main loop in between counts as one advance); the last line is kept
+        unread until someone asks where the source is (`mark`, `summary`)."""
+        line_no, ts = rec.line_no, rec.ts
+        self.lines += 1
+        self.last_loss = None
+        self.last_line = line_no
+        src = self._sources.get(source_key)
+        if src is None:
+            if len(self._sources) >= _MAX_SOURCES:
+                return None
+            src = self._sources[source_key] = _Source(rank=rec.rank, host=rec.host, first_line=line_no,
+                                                      last_line=line_no, first_ts=ts)
+        src.lines += 1
+        src.last_line = line_no
+        if ts is not None:
+            self.last_ts = src.last_ts = ts
+        seen = src.seen.get(template_id, 0) + 1
+        src.seen[template_id] = seen
+        if seen > _EXACT_LINES and seen % _SAMPLE and template_id == src.main:
+            src.advances += 1
+            self.advances += 1
+            src.pending = (shape, template_id, encoded, ts)
+            return None
+        src.pending = None
+        self._read_counter(src, shape, template_id, encoded, ts)
+        return None
+
+    def _read_counter(self, src: _Source, shape: ProgressShape, template_id: int, encoded: bytes,
+                      ts: float | None) -> None:
+        runs = _DIGIT_RUN.findall(encoded)
+        if len(runs) != shape.n_runs:
+            return
+        counter = int(runs[shape.counter_run])
+        if shape.epoch_run >= 0:
+            counter += int(runs[shape.epoch_run]) * int(runs[shape.total_run])
+        self._count(src, template_id, float(counter), ts)
+
+    def _flush(self, src: _Source) -> None:
+        """Read the last, unread line of a source: where exactly it is."""
+        if src.pending is not None:
+            shape, template_id, encoded, ts = src.pending
+            src.pending = None
+            self._read_counter(src, shape, template_id, encoded, ts)
+
     def _count(self, src: _Source, template_id: int, value: float, ts: float | None, numbered: bool = True) -> None:
         """A counter of one of the source's loops. The loop that advanced most is its main one (the
         training steps; an evaluation bar or a second line printing the same step is not): only that
@@ -429,28 +539,23 @@ class Timeline:
         if src.first_step is None:
             src.first_step = value
         src.step = value
+        if ts is not None:
+            if src.rate_anchor is None:
+                src.rate_anchor = (ts, value)
+            src.rate_last = (ts, value)
         if self.max_step is None or value > self.max_step:
             self.rises += self.max_step is not None
             self.max_step = value
-        self._rate(src, value, ts)
-
-    @staticmethod
-    def _rate(src: _Source, step: float, ts: float | None) -> None:
-        if ts is None:
-            return
-        if src.rate_anchor is None:
-            src.rate_anchor = (ts, step)
-            return
-        t0, s0 = src.rate_anchor
-        if ts - t0 >= 1.0 and step > s0:
-            rate = (step - s0) / (ts - t0)
-            src.rate_ema = rate if src.rate_ema is None else 0.8 * src.rate_ema + 0.2 * rate
-            src.rate_anchor = (ts, step)
 
     def _measure(self, rec: Record, source_key: str, values: dict[str, float], src: _Source) -> LossSignal | None:
         self.last_loss = values.get("loss")
         step = src.step if src.step is not None else (self.max_step if self.max_step is not None else float(src.lines))
-        if "step_time_ms" in values:
+        timed = "step_time_ms" in values or "step_time_s" in values or "it_per_s" in values
+        if timed and self._time_source is None:
+            self._time_source = source_key
+        if source_key != self._time_source:
+            pass
+        elif "step_time_ms" in values:
             self._step_time.add(step, values["step_time_ms"] / 1000)
         elif "step_time_s" in values:
             self._step_time.add(step, values["step_time_s"])
@@ -636,6 +741,8 @@ class Timeline:
     def mark(self, source_key: str) -> ProgressMark:
         """Where a source and the job are now: stamped on each event as it is found."""
         src = self._sources.get(source_key)
+        if src is not None:
+            self._flush(src)
         return ProgressMark(
             source_advances=src.advances if src is not None else 0,
             source_step=src.step if src is not None else None,
@@ -647,11 +754,13 @@ class Timeline:
 
     def summary(self, last_output: dict[str, tuple[int, float | None]] | None = None) -> ProgressSummary:
         """The report's view (see ProgressSummary); `last_output`: each source's last line of any kind."""
+        for src in self._sources.values():
+            self._flush(src)
         sources = [
             SourceProgress(
                 key=key, rank=s.rank, host=s.host, first_line=s.first_line, last_line=s.last_line,
                 first_step=s.first_step, last_step=s.step, first_ts=s.first_ts, last_ts=s.last_ts,
-                lines=s.lines, advances=s.advances, steps_per_s=s.rate_ema,
+                lines=s.lines, advances=s.advances, steps_per_s=s.steps_per_s,
             )
             for key, s in self._sources.items()
         ]
