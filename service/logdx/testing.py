@@ -23,7 +23,7 @@ from typing import Any
 
 from logdx.act.report import CompressionFigures, Culprits, Report, RootCause
 
-__all__ = ["Clock", "Fleet", "Outcome", "TempNats", "TempPostgres", "failed_report", "free_port"]
+__all__ = ["Clock", "Fleet", "Outcome", "TempNats", "TempPostgres", "failed_report", "free_port", "shipper_logs"]
 
 
 class Clock:
@@ -225,6 +225,25 @@ def _postgres_bindir() -> Path:
 # --- a fleet of log shippers, to see what clients see while a deployment is under faults ------------
 
 
+def shipper_logs(lines: list[str], hosts: list[str], shippers: int, gpus_per_host: int = 8) -> dict[int, list[str]]:
+    """A job's log split the way its log shippers send it, in order: a rank's lines to shipper
+    `rank % shippers`, a node's own lines (kernel, agent) to the shipper of the node's first rank,
+    anything else to shipper 0. `hosts`: the job's hosts, in rank order."""
+    from logdx.normalize import Normalizer
+
+    normalizer = Normalizer()
+    out: dict[int, list[str]] = {s: [] for s in range(shippers)}
+    for line in lines:
+        rec = normalizer.normalize(line)
+        if rec.rank is not None:
+            out[rec.rank % shippers].append(line)
+        elif rec.host in hosts:
+            out[(hosts.index(rec.host) * gpus_per_host) % shippers].append(line)
+        else:
+            out[0].append(line)
+    return out
+
+
 @dataclass
 class Outcome:
     """What the shippers saw: every answer by status (and error code), the 5xx answers that lacked a
@@ -233,12 +252,19 @@ class Outcome:
     statuses: Counter[str] = field(default_factory=Counter)
     without_retry_after: Counter[str] = field(default_factory=Counter)
     slowest_s: float = 0.0
+    answers: list[tuple[float, float, str]] = field(default_factory=list)  # (sent, answered: monotonic, what)
 
-    def saw(self, what: str, seconds: float, retry_after: bool = True) -> None:
+    def saw(self, what: str, sent: float, retry_after: bool = True) -> None:
+        now = time.monotonic()
         self.statuses[what] += 1
-        self.slowest_s = max(self.slowest_s, seconds)
+        self.slowest_s = max(self.slowest_s, now - sent)
+        self.answers.append((sent, now, what))
         if not retry_after:
             self.without_retry_after[what] += 1
+
+    def first_ok_sent_after(self, t: float) -> float | None:
+        """When the first request sent after `t` was answered with a 2xx (None: none was)."""
+        return min((done for sent, done, what in self.answers if sent >= t and what.startswith("2")), default=None)
 
     def errors(self) -> dict[str, int]:
         """Everything but the 2xx answers."""
@@ -337,25 +363,24 @@ class Fleet:
                 r = client.post(f"{url}/v1/jobs/{self.job_id}/logs", content=body,
                                 headers={**self.headers, "idempotency-key": key})
             except httpx.TimeoutException:
-                self.outcome.saw("timeout", time.monotonic() - t0)
+                self.outcome.saw("timeout", t0)
                 if self.stopped.is_set():
                     return
                 continue
             except httpx.TransportError as e:
-                self.outcome.saw(f"connection_{type(e).__name__}", time.monotonic() - t0)
+                self.outcome.saw(f"connection_{type(e).__name__}", t0)
                 if self.stopped.is_set():
                     return
                 time.sleep(0.2)
                 continue
-            took = time.monotonic() - t0
             if r.status_code < 300:
-                self.outcome.saw(str(r.status_code), took)
+                self.outcome.saw(str(r.status_code), t0)
                 with self.lock:
                     self.acked[key] = int(r.json()["accepted_lines"])
                 return
             code = _error_code(r)
             wait = r.headers.get("retry-after")
-            self.outcome.saw(f"{r.status_code} {code}", took, retry_after=wait is not None or r.status_code < 500)
+            self.outcome.saw(f"{r.status_code} {code}", t0, retry_after=wait is not None or r.status_code < 500)
             if r.status_code < 500 and code not in _RETRIED:
                 raise AssertionError(f"batch {key} refused: {r.status_code} {r.text[:300]}")
             if self.stopped.is_set():

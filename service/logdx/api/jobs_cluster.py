@@ -77,6 +77,7 @@ _FETCH_WAIT_S = 0.25
 _END_POLL_S = 0.05
 _COMMITTED_SAVED = 1000  # Idempotency-Keys kept in a saved session (upload_keys has them all)
 _PENDING_MAX_AGE_S = 3600.0  # a request that never ended (its replica lost it) is dropped after this
+_ABANDONED_AFTER_S = 60.0  # a replica silent this long (and 5 leases) died: its unfinished uploads are void
 _ABORTS_KEPT = 10_000  # requests whose aborting END waits for the bus to come back
 _RETRY_APPLY_S = 0.5  # a record that met a store outage is applied again after this
 _BUSY_BUS = 0.5  # above this share of its size the bus is saved (and purged) every second
@@ -574,7 +575,9 @@ class ClusterJobManager(JobManager):
         that never ended, are dropped."""
         if not job.bus_pending:
             return
-        dead = self.own.dead_replicas(p["i"] for p in job.bus_pending.values())
+        # Silent for long, not just past a lease: a busy replica that is late to beat still sends its END.
+        silent_s = max(_ABANDONED_AFTER_S, 5 * self.settings.bus.lease_s)
+        dead = self.own.dead_replicas((p["i"] for p in job.bus_pending.values()), silent_s)
         now = time.time()
         for r, p in list(job.bus_pending.items()):
             if p["i"] in dead or now - float(p.get("at", now)) > _PENDING_MAX_AGE_S:

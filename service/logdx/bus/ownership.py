@@ -169,14 +169,14 @@ class Ownership:
             f"SELECT COUNT(*) FROM cluster_replicas WHERE role IN ('worker', 'all') AND stopped_at IS NULL"
             f" AND heartbeat_at >= {_NOW} - ?", (self.lease_s,)) or 0)
 
-    def dead_replicas(self, among: Iterable[str]) -> set[str]:
-        """Which of these replicas stopped or stopped beating (their unfinished uploads are void)."""
+    def dead_replicas(self, among: Iterable[str], silent_s: float | None = None) -> set[str]:
+        """Which of these replicas stopped, or have not beaten for `silent_s` (default `lease_s`)."""
         ids = sorted(set(among))
         if not ids:
             return set()
         alive = {r["replica"] for r in self.db.query(
             f"SELECT replica FROM cluster_replicas WHERE replica = ANY(?) AND stopped_at IS NULL"
-            f" AND heartbeat_at >= {_NOW} - ?", (ids, self.lease_s))}
+            f" AND heartbeat_at >= {_NOW} - ?", (ids, self.lease_s if silent_s is None else silent_s))}
         return set(ids) - alive
 
     def fair_share(self) -> tuple[int, int]:
