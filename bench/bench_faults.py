@@ -32,7 +32,6 @@ import io
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -46,14 +45,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "service"))
+sys.path.insert(0, str(REPO / "bench"))
 
+import bench_cluster
 from logdx.bus.records import partition_of
 from logdx.synth import generate
-from logdx.testing import Fleet, TempNats, TempPostgres, free_port, shipper_logs
+from logdx.testing import Fleet, TempNats, TempPostgres, shipper_logs
 
 SHIPPER = {"x-requested-with": "logdx-bench"}
 PARTITIONS = 16
@@ -92,56 +92,16 @@ class Hooks:
         return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
 
 
-class Replica:
-    def __init__(self, workdir: Path, name: str, config: dict[str, Any]) -> None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.workdir, self.name, self.port = workdir, name, free_port()
-        (workdir / "config.yaml").write_text(yaml.safe_dump(config))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LOGDX_")}
-        env.update({"LOGDX_CONFIG": str(workdir / "config.yaml"), "HF_HUB_OFFLINE": "1",
-                    "PYTHONPATH": str(REPO / "service")})
-        self.proc = subprocess.Popen([sys.executable, "-m", "logdx.api", "--port", str(self.port), "--log-level",
-                                      "warning"], env=env, stdout=open(workdir / "server.log", "ab"),
-                                     stderr=subprocess.STDOUT, cwd=REPO)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+class Replica(bench_cluster.Replica):
+    """A replica of bench_cluster's, that the benchmark may also kill."""
 
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def ready(self) -> None:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if not self.alive:
-                raise SystemExit(f"replica {self.name} exited:\n{(self.workdir / 'server.log').read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise SystemExit(f"replica {self.name} not ready")
-
-    def metric(self, name: str) -> float | None:
-        for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                return float(line.rsplit(" ", 1)[1])
-        return None
-
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.alive:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 @dataclass
@@ -257,13 +217,12 @@ ROWS = [
 ]
 
 
-def _config(name: str, pg_url: str, nats: TempNats, hooks: Hooks, bus: dict[str, Any]) -> dict[str, Any]:
+def _cluster(pg_url: str, nats: TempNats, bus: dict[str, Any]) -> dict[str, Any]:
+    """What the replicas share (bench_cluster.Replica writes the rest: no models, alerts to the hooks)."""
     return {
-        "llm": {"enabled": False}, "retrieval": {"enabled": False},
-        "server": {"replica_id": name, "rate_limit_lines_per_s": 0, "role": "all"},
+        "server": {"role": "all"},
         "store": {"url": pg_url},
         "bus": {"url": nats.url, "partitions": PARTITIONS, "lease_s": 6.0, "snapshot_interval_s": 5.0, **bus},
-        "alerts": {"webhooks": [{"url": hooks.url, "secret": "whsec_YmVuY2gtc2VjcmV0LWZvci1sb2dkeA=="}]},
     }
 
 
@@ -277,7 +236,7 @@ def _database(pg: TempPostgres) -> str:
 
 
 def _start_replicas(tmp: Path, row: str, pg_url: str, nats: TempNats, hooks: Hooks, bus: dict[str, Any]) -> list[Replica]:
-    replicas = [Replica(tmp / row / f"r{i}", f"{row}-{i}", _config(f"{row}-{i}", pg_url, nats, hooks, bus))
+    replicas = [Replica(tmp / row / f"r{i}", f"{row}-{i}", hooks, 2.0, _cluster(pg_url, nats, bus))  # type: ignore[arg-type]
                 for i in range(3)]
     for r in replicas:
         r.ready()
