@@ -165,11 +165,6 @@ class PostgresDatabase:
 
     # -- outages ------------------------------------------------------------------------------
 
-    @property
-    def down(self) -> bool:
-        """Whether the server was unreachable at the last try (and not reached since)."""
-        return self._down_since is not None
-
     def _wait_s(self) -> float:
         return min(_WAIT_WHILE_DOWN_S, self.timeout_s) if self._down_since is not None else self.timeout_s
 
