@@ -143,6 +143,9 @@ class StoreSettings(_Section):
         "", description="PostgreSQL instead of the SQLite file: postgresql://user:password@host:5432/db "
         "(replicas share it: jobs, reports, incidents, alerts, the action audit and the cordon budget)")
     pool_size: int = Field(8, ge=2, description="PostgreSQL connections per process")
+    timeout_s: float = Field(
+        5.0, gt=0, description="PostgreSQL: a statement waits at most this long for a connection (1 s while the "
+        "database is known to be down); then the request is answered 503 store_unavailable with Retry-After")
 
     @field_validator("url")
     @classmethod
@@ -176,9 +179,23 @@ class BusSettings(_Section):
         "another takes them over (takeover time is at most about lease_s + lease_s / 3)")
     snapshot_interval_s: float = Field(
         5.0, gt=0, description="how often a partition's owner saves its job sessions and acks what they hold")
+    max_bytes: int = Field(
+        1 << 30, ge=0, description="the size of the stream when logdx creates it (NATS reserves it on the server; "
+        "keep it below the server's JetStream storage); when full, uploads get 503 bus_full. 0: no limit of the "
+        "stream's own. An existing stream's limits are the operator's: logdx never changes them")
+    reserve_bytes: int = Field(
+        4 << 20, ge=0, description="kept free in the stream for the records that end uploads and jobs (/end): "
+        "uploads are refused (503 bus_full) when less is left; at most a quarter of the stream's size")
     max_age_s: float = Field(
-        7 * 86400.0, gt=0, description="the stream keeps records this long at most (a safety net: acked records "
-        "are only needed until the next snapshot)")
+        0.0, ge=0, description="records older than this are dropped by NATS, saved or not (0: never; records are "
+        "purged as soon as their owner has saved them). An owner that finds records gone says so")
+    timeout_s: float = Field(
+        5.0, gt=0, description="a call to NATS (publish, stream or consumer query) fails after this long; an upload "
+        "meanwhile is answered 503 bus_unavailable with Retry-After (at once while NATS is disconnected)")
+    store_grace_s: float = Field(
+        6.0, ge=0, description="after losing PostgreSQL, a replica takes over no partition another replica held "
+        "until it has had the store back this long, so that every owner renews first: a store outage moves no "
+        "partition (a dead owner's partitions still move, this much later)")
     duplicate_window_s: float = Field(
         120.0, gt=0, description="JetStream drops a record published again with the same id within this window")
     max_message_bytes: int = Field(
