@@ -20,6 +20,7 @@ Used by the HTTP service (`logdx.api.ingest`), the CLI (`diagnose --format`) and
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -41,6 +42,8 @@ _ALIASES = {"json": "ndjson", "jsonl": "ndjson", "fluentbit": "msgpack"}
 SNIFF_BYTES = 256
 # Recognised by their first bytes alone, in this order (a JSON document's key, msgpack's event head).
 _DOCUMENT_SNIFFS = (OTLP_JSON, LOKI_JSON)
+# Binary bodies a file may hold (a saved request): recognised by their structure, never read as text.
+_BINARY_SNIFFS = (FLUENT_MSGPACK, OTLP_PROTOBUF, LOKI_PROTOBUF)
 
 
 def names() -> list[str]:
@@ -58,9 +61,15 @@ def by_name(name: str) -> Format:
     return fmt
 
 
+_JSON_KEY_START = re.compile(rb'\{\s*"[^"\n\\]{1,200}"\s*:')
+
+
 def _looks_ndjson(head: bytes) -> bool:
-    """The first line is one whole JSON object (a text log line rarely is)."""
+    """The first line is one whole JSON object (a text log line rarely is), or, when the first record
+    is longer than the head, starts like one (`{"key":`)."""
     first = head.lstrip().split(b"\n", 1)
+    if first[0].startswith(b"{") and len(first) < 2 and len(head) >= SNIFF_BYTES:
+        return _JSON_KEY_START.match(first[0]) is not None
     if not first[0].startswith(b"{") or len(first) < 2:
         return head.lstrip().startswith(b"[{") or head.lstrip().startswith(b"[\n")
     try:
@@ -76,9 +85,7 @@ def sniff_file(head: bytes) -> Format:
 
 def _sniff_any(head: bytes) -> Format:
     """An input nothing describes (a file, an octet stream): its first bytes decide; text otherwise."""
-    if FLUENT_MSGPACK.sniff is not None and FLUENT_MSGPACK.sniff(head):
-        return FLUENT_MSGPACK
-    for fmt in _DOCUMENT_SNIFFS:
+    for fmt in (*_BINARY_SNIFFS, *_DOCUMENT_SNIFFS):
         if fmt.sniff is not None and fmt.sniff(head):
             return fmt
     return RECORDS if _looks_ndjson(head) else TEXT
