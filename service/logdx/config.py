@@ -16,6 +16,8 @@ The stages take their section as it is (`Retriever(store, settings.retrieval)`,
 
 from __future__ import annotations
 
+import base64
+import binascii
 import difflib
 import os
 import tomllib
@@ -247,9 +249,36 @@ class SlackDestination(_Section):
     webhook_url: str
 
 
+WEBHOOK_SECRET_PREFIX = "whsec_"
+WEBHOOK_SECRET_MIN_BYTES = 24  # the Standard Webhooks specification's minimum key size
+
+
 class WebhookDestination(_Section):
     url: str
-    secret: str = Field("", description="Standard Webhooks secret (whsec_... base64) used to sign")
+    secret: str = Field(
+        "", description="Standard Webhooks signing secret: whsec_ and the base64 of 24 to 64 random bytes "
+        "(whsec_$(openssl rand -base64 32)); empty: deliveries are not signed")
+
+    @field_validator("secret")
+    @classmethod
+    def _standard_webhooks_secret(cls, v: str) -> str:
+        """Refused at load: a secret every official verifier would read differently from us (they
+        all take `whsec_<base64>`) means every delivery is rejected, silently, at 3 a.m."""
+        v = v.strip()
+        if not v:
+            return v
+        how = "write it as whsec_ followed by base64, e.g. whsec_$(openssl rand -base64 32)"
+        if not v.startswith(WEBHOOK_SECRET_PREFIX):
+            raise ValueError(f"a Standard Webhooks secret starts with {WEBHOOK_SECRET_PREFIX}: {how}")
+        raw = v[len(WEBHOOK_SECRET_PREFIX):]
+        try:
+            key = base64.b64decode(raw + "=" * (-len(raw) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError(f"the part after {WEBHOOK_SECRET_PREFIX} is not base64: {how}") from None
+        if len(key) < WEBHOOK_SECRET_MIN_BYTES:
+            raise ValueError(f"the key is {len(key)} bytes; Standard Webhooks keys are at least "
+                             f"{WEBHOOK_SECRET_MIN_BYTES} random bytes: {how}")
+        return v
 
 
 class AlertsSettings(_Section):
