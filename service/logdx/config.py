@@ -20,6 +20,7 @@ import base64
 import binascii
 import difflib
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,6 +44,17 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# How `diagnose DIR` (or several files) reads a host or rank from a file's name (see InputSettings).
+DEFAULT_NAME_PATTERNS = (
+    r"^host=(?P<host>.+)$",  # host=node-01.log: any name, said outright
+    r"^(?:rank|worker)[-_.]?(?P<rank>\d{1,7})$",  # rank-3.log, worker_12.out: a rank, not a host
+    # node-01, gpu07, dgx-a100-3, nid001234: a name ending in a number, not one of the usual names of a
+    # job's files (slurm-1234.out, job-7.log, stdout-0.log)
+    r"^(?!(?:slurm|job|jobid|step|attempt|run|train|training|stdout|stderr|output|out|err|log|logs|task|part)"
+    r"(?:[-_.]|\d|$))(?P<host>[A-Za-z][A-Za-z0-9-]*[0-9])$",
+)
+
+
 class InputSettings(_Section):
     """Reading logs: line bounds, the shippers' formats, where a record names its job, decompression bounds."""
 
@@ -63,6 +75,24 @@ class InputSettings(_Section):
         64 << 20, ge=1 << 20, description="what one received piece of a compressed body may inflate to (413 past it)")
     max_inflate_ratio: float = Field(
         200.0, ge=10, description="past 4 MB decompressed, a body inflating more than this many times (of the input read so far) is refused (413)")
+    name_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_NAME_PATTERNS),
+        description="`diagnose DIR` or several files: regular expressions with a `host` or `rank` group, tried "
+        "in order on each file's name without its extensions (node-01.stdout.log.gz -> node-01), then on the "
+        "names of the folders it is in; the first that matches names the file's host or rank")
+    max_files: int = Field(512, ge=1, description="`diagnose DIR` or several files: at most this many files at once")
+
+    @field_validator("name_patterns")
+    @classmethod
+    def _name_patterns(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            try:
+                compiled = re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"{pattern!r} is not a regular expression: {e}") from None
+            if not {"host", "rank"} & set(compiled.groupindex):
+                raise ValueError(f"{pattern!r} names no (?P<host>...) or (?P<rank>...) group")
+        return v
 
 
 class CompressSettings(_Section):
