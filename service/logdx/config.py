@@ -139,11 +139,23 @@ class RetrievalSettings(_Section):
 class LLMSettings(_Section):
     enabled: bool = True
     backend: Literal["embedded", "openai"] = "embedded"
-    base_url: str = "http://127.0.0.1:8000/v1"
-    model: str = "default"
-    api_key: str = ""
-    timeout_s: float = Field(30.0, gt=0)
-    json_mode: bool = True
+    # -- backend: openai (any OpenAI-compatible /chat/completions: vLLM, llama.cpp's server, Ollama, hosted)
+    base_url: str = Field("http://127.0.0.1:8000/v1", description="openai: the API root, /chat/completions is appended")
+    model: str = Field("default", description="openai: the model name the server knows")
+    api_key: str = Field("", description="openai: sent as Authorization: Bearer (or LOGDX_LLM__API_KEY)")
+    response_format: Literal["auto", "json_schema", "json_object", "none"] = Field(
+        "auto", description="openai: how the reply's shape is asked for. json_schema sends the reply's JSON schema "
+        "(structured output: vLLM, llama.cpp's server, Ollama, OpenAI); json_object asks for any JSON object; none "
+        "relies on the prompt. auto: json_schema, then, where the server refuses it, json_object with the schema "
+        "(llama-cpp-python), json_object, none")
+    connect_timeout_s: float = Field(5.0, gt=0, description="openai: to connect to the server")
+    first_token_timeout_s: float = Field(
+        60.0, gt=0, description="openai: from the request to the reply's first token (a cold server loads its model "
+        "then: 40 s is common on first use)")
+    timeout_s: float = Field(30.0, gt=0, description="openai: for the rest of the reply, after its first token")
+    warmup_timeout_s: float = Field(
+        300.0, ge=0, description="openai: `logdx serve` (and `logdx mcp`) send one tiny request at start, so a cold "
+        "server loads its model then, not during the first diagnosis; 0: no warm-up")
     cache_dir: Path | None = Field(None, description="the converted model goes here; default <data_dir>/models")
     allow_convert: bool = True
     threads: int = Field(0, ge=0, description="torch threads; 0 = by load")
