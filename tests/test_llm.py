@@ -197,9 +197,18 @@ def server():
 
 
 @pytest.fixture
-def chat(server):
+def stub(server):
+    """The server with nothing scripted, nothing received and nothing refused (and so left after)."""
     server.script.clear()
     server.requests.clear()
+    server.refuse = set()
+    yield server
+    server.refuse = set()
+
+
+@pytest.fixture
+def chat(stub):
+    server = stub
     client = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="test-model", api_key="sk-test", timeout_s=2.0))
     yield client
     client.close()
@@ -259,9 +268,8 @@ def test_invalid_twice_gives_up(chat, server):
     assert vote.note.endswith("; fell back to rules + retrieval")
 
 
-def test_no_first_token_within_its_budget(server):
-    server.script.clear()
-    server.requests.clear()
+def test_no_first_token_within_its_budget(stub):
+    server = stub
     server.script.append(("sleep", 4.0))
     client = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m",
                                                 first_token_timeout_s=1.0))
@@ -272,10 +280,9 @@ def test_no_first_token_within_its_budget(server):
     client.close()
 
 
-def test_a_reply_that_keeps_trickling_is_cut_at_its_own_budget(server):
+def test_a_reply_that_keeps_trickling_is_cut_at_its_own_budget(stub):
     """A cold server may take long for the first token (its budget); the rest has a budget of its own."""
-    server.script.clear()
-    server.requests.clear()
+    server = stub
     server.script.append(("slow", (json.dumps(VALID), 0.2)))
     client = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m",
                                                 first_token_timeout_s=30, timeout_s=0.5))
@@ -309,56 +316,48 @@ def test_the_reply_schema_is_the_taxonomy_and_accepts_what_logdx_accepts():
             jsonschema.validate(bad, schema)
 
 
-def test_auto_falls_back_where_the_server_refuses_json_schema_and_keeps_what_worked(server):
-    server.script.clear()
-    server.requests.clear()
+def test_auto_falls_back_where_the_server_refuses_json_schema_and_keeps_what_worked(stub):
+    server = stub
     server.refuse = {"json_schema"}
-    try:
-        client = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m"))
-        assert client.vote(ECC_CTX).scores[0][0].failure_type == "ecc_error"
-        sent = [r["body"].get("response_format") for r in server.requests]
-        assert [f["type"] for f in sent] == ["json_schema", "json_object"]
-        assert sent[1]["schema"] == reply_schema()  # llama-cpp-python reads the schema there
-        assert client.response_format == "json_object_schema"
-        server.requests.clear()
-        client.vote(ECC_CTX)
-        assert [r["body"]["response_format"]["type"] for r in server.requests] == ["json_object"]
-        client.close()
-        # Refusing every format: the prompt alone.
-        server.refuse = {"json_schema", "json_object"}
-        server.requests.clear()
-        bare = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m"))
-        assert bare.vote(ECC_CTX).scores and bare.response_format == "none"
-        assert "response_format" not in server.requests[-1]["body"] and len(server.requests) == 4
-        bare.close()
-        # A format set outright is not second-guessed: refused, the stage says why.
-        fixed = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m",
-                                                   response_format="json_schema"))
-        vote = fixed.vote(ECC_CTX)
-        assert vote.scores == [] and vote.note.startswith("llm unavailable: HTTP 400 from ")
-        fixed.close()
-    finally:
-        server.refuse = set()
+    client = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m"))
+    assert client.vote(ECC_CTX).scores[0][0].failure_type == "ecc_error"
+    sent = [r["body"].get("response_format") for r in server.requests]
+    assert [f["type"] for f in sent] == ["json_schema", "json_object"]
+    assert sent[1]["schema"] == reply_schema()  # llama-cpp-python reads the schema there
+    assert client.response_format == "json_object_schema"
+    server.requests.clear()
+    client.vote(ECC_CTX)
+    assert [r["body"]["response_format"]["type"] for r in server.requests] == ["json_object"]
+    client.close()
+    # Refusing every format: the prompt alone.
+    server.refuse = {"json_schema", "json_object"}
+    server.requests.clear()
+    bare = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m"))
+    assert bare.vote(ECC_CTX).scores and bare.response_format == "none"
+    assert "response_format" not in server.requests[-1]["body"] and len(server.requests) == 4
+    bare.close()
+    # A format set outright is not second-guessed: refused, the stage says why.
+    fixed = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m",
+                                               response_format="json_schema"))
+    vote = fixed.vote(ECC_CTX)
+    assert vote.scores == [] and vote.note.startswith("llm unavailable: HTTP 400 from ")
+    fixed.close()
 
 
-def test_warm_up_loads_the_server_and_settles_the_format_before_the_first_diagnosis(server):
-    server.script.clear()
-    server.requests.clear()
+def test_warm_up_loads_the_server_and_settles_the_format_before_the_first_diagnosis(stub):
+    server = stub
     server.refuse = {"json_schema"}
-    try:
-        client = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m"))
-        thread = client.load()
-        assert thread is not None
-        thread.join(60)
-        assert client.warmup["ok"] is True and client.warmup["response_format"] == "json_object_schema"
-        warm = server.requests[-1]["body"]
-        assert warm["max_tokens"] == 1 and warm["messages"][0]["content"] == client._system()
-        assert client.load() is None  # once
-        server.requests.clear()
-        assert client.vote(ECC_CTX).scores and len(server.requests) == 1
-        client.close()
-    finally:
-        server.refuse = set()
+    client = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m"))
+    thread = client.load()
+    assert thread is not None
+    thread.join(60)
+    assert client.warmup["ok"] is True and client.warmup["response_format"] == "json_object_schema"
+    warm = server.requests[-1]["body"]
+    assert warm["max_tokens"] == 1 and warm["messages"][0]["content"] == client._system()
+    assert client.load() is None  # once
+    server.requests.clear()
+    assert client.vote(ECC_CTX).scores and len(server.requests) == 1
+    client.close()
     server.script.append(("status", 503))
     down = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m"))
     result = down.warm()  # never raises: the server's own start is not logdx's to fail
@@ -415,9 +414,8 @@ def test_make_llm_picks_the_backend_from_settings(server):
     assert isinstance(emb, EmbeddedScorer) and emb.model_dir == Path("/x/cache/gemma3-270m")
 
 
-def test_score_fetches_examples_and_honours_exclusions(server):
-    server.script.clear()
-    server.requests.clear()
+def test_score_fetches_examples_and_honours_exclusions(stub):
+    server = stub
     asked = []
 
     def source(ctx, exclude_ids):
