@@ -71,10 +71,6 @@ class InputSettings(_Section):
         "(used when neither the URL nor X-Logdx-Job names it); dotted names also reach into nested objects")
     rank_from_pod_ordinal: bool = Field(
         False, description="a record's pod name ending in -N (kubernetes.pod_name, k8s.pod.name) gives rank N")
-    max_inflated_chunk_bytes: int = Field(
-        64 << 20, ge=1 << 20, description="what one received piece of a compressed body may inflate to (413 past it)")
-    max_inflate_ratio: float = Field(
-        200.0, ge=10, description="past 4 MB decompressed, a body inflating more than this many times (of the input read so far) is refused (413)")
     name_patterns: list[str] = Field(
         default_factory=lambda: list(DEFAULT_NAME_PATTERNS),
         description="`diagnose DIR` or several files: regular expressions with a `host` or `rank` group, tried "
@@ -93,6 +89,11 @@ class InputSettings(_Section):
             if not {"host", "rank"} & set(compiled.groupindex):
                 raise ValueError(f"{pattern!r} names no (?P<host>...) or (?P<rank>...) group")
         return v
+
+    max_inflated_chunk_bytes: int = Field(
+        64 << 20, ge=1 << 20, description="what one received piece of a compressed body may inflate to (413 past it)")
+    max_inflate_ratio: float = Field(
+        200.0, ge=10, description="past 4 MB decompressed, a body inflating more than this many times (of the input read so far) is refused (413)")
 
 
 class CompressSettings(_Section):

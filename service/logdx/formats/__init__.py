@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
+from logdx.formats import wire
 from logdx.formats.base import DEFAULT_JOB_KEYS, Batch, Format, FormatError, Meta, Parser, Run
 from logdx.formats.fluent_msgpack import FLUENT_MSGPACK
 from logdx.formats.loki import LOKI_JSON, LOKI_PROTOBUF
@@ -43,7 +44,9 @@ SNIFF_BYTES = 256
 # Recognised by their first bytes alone, in this order (a JSON document's key, msgpack's event head).
 _DOCUMENT_SNIFFS = (OTLP_JSON, LOKI_JSON)
 # Binary bodies a file may hold (a saved request): recognised by their structure, never read as text.
-_BINARY_SNIFFS = (FLUENT_MSGPACK, OTLP_PROTOBUF, LOKI_PROTOBUF)
+# (Protobuf has no magic bytes, so which message it is cannot be told over HTTP: the endpoint says.)
+_BINARY_SNIFFS: tuple[tuple[Format, Callable[[bytes], bool]], ...] = (
+    (OTLP_PROTOBUF, wire.looks_otlp_protobuf), (LOKI_PROTOBUF, wire.looks_loki_protobuf))
 
 
 def names() -> list[str]:
@@ -85,7 +88,12 @@ def sniff_file(head: bytes) -> Format:
 
 def _sniff_any(head: bytes) -> Format:
     """An input nothing describes (a file, an octet stream): its first bytes decide; text otherwise."""
-    for fmt in (*_BINARY_SNIFFS, *_DOCUMENT_SNIFFS):
+    if FLUENT_MSGPACK.sniff is not None and FLUENT_MSGPACK.sniff(head):
+        return FLUENT_MSGPACK
+    for fmt, looks_like in _BINARY_SNIFFS:
+        if looks_like(head):
+            return fmt
+    for fmt in _DOCUMENT_SNIFFS:
         if fmt.sniff is not None and fmt.sniff(head):
             return fmt
     return RECORDS if _looks_ndjson(head) else TEXT

@@ -20,7 +20,6 @@ import cramjam
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
-from logdx.formats import wire
 from logdx.formats.base import Batch, Document, Format, FormatError, Meta
 from logdx.formats.fields import parse_ts, routed_job, source_of, split_message
 from logdx.hosts import clean_hostname
@@ -137,50 +136,6 @@ class LokiProtobuf(Document):
         return batch
 
 
-_SCHEMA: wire.Schema = {
-    "PushRequest": {1: (wire.LEN, "Stream")},
-    "Stream": {1: (wire.LEN, None), 2: (wire.LEN, "Entry"), 3: (wire.VARINT, None)},
-    "Entry": {1: (wire.LEN, "Timestamp"), 2: (wire.LEN, None), 3: (wire.LEN, "LabelPair")},
-    "Timestamp": {1: (wire.VARINT, None), 2: (wire.VARINT, None)},
-    "LabelPair": {1: (wire.LEN, None), 2: (wire.LEN, None)},
-}
-
-
-def _snappy_literal(head: bytes) -> bytes:
-    """The literal bytes a raw snappy block starts with (b"" when it does not start like one): the
-    uncompressed length as a varint, then a literal element (tag's low bits 00)."""
-    pos = 0
-    while pos < min(len(head), 5) and head[pos] & 0x80:
-        pos += 1
-    pos += 1
-    if pos >= len(head) or head[pos] & 3:
-        return b""
-    n = head[pos] >> 2
-    pos += 1
-    if n >= 60:  # the length-1 follows in 1-4 little-endian bytes
-        extra = n - 59
-        n = int.from_bytes(head[pos:pos + extra], "little")
-        pos += extra
-    return head[pos:pos + n + 1]
-
-
-def looks_loki_protobuf(head: bytes) -> bool:
-    """The first bytes are a snappy block whose first literal reads as a PushRequest whose first
-    stream's labels begin (`{...}`)."""
-    data = _snappy_literal(head)
-    if data[:1] != b"\n" or not wire.matches(data, _SCHEMA, "PushRequest", min_bytes=5):
-        return False
-    # streams (1, LEN) then labels (1, LEN): the label text is Prometheus' `{name="value", ...}`
-    try:
-        _, pos = wire.read_varint(data, 1)
-        if data[pos:pos + 1] != b"\n":
-            return False
-        _, pos = wire.read_varint(data, pos + 1)
-    except ValueError:
-        return False
-    return data[pos:pos + 1] in (b"{", b"")
-
-
 def looks_loki_json(head: bytes) -> bool:
     text = head.lstrip()[:32]
     return text.startswith(b"{") and b'"streams"' in text
@@ -197,6 +152,5 @@ LOKI_PROTOBUF = Format(
     name="loki",
     media_types=frozenset({"application/x-protobuf", "application/protobuf"}),
     parser=LokiProtobuf,
-    sniff=looks_loki_protobuf,
     description="Loki push, snappy-compressed protobuf (logproto.PushRequest)",
 )

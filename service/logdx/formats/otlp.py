@@ -24,7 +24,6 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from logdx.formats import wire
 from logdx.formats.base import Batch, Document, Format, FormatError, Meta
 from logdx.formats.fields import routed_job, source_of, split_message
 
@@ -173,29 +172,6 @@ def response(protobuf: bool, rejected: int = 0, message: str = "") -> tuple[byte
     return json.dumps(doc).encode(), "application/json"
 
 
-# ExportLogsServiceRequest down to the log records (opentelemetry-proto's logs.proto, common.proto):
-# enough to recognise a saved protobuf body by its first bytes.
-_W = wire
-_SCHEMA: wire.Schema = {
-    "Request": {1: (_W.LEN, "ResourceLogs")},
-    "ResourceLogs": {1: (_W.LEN, "Resource"), 2: (_W.LEN, "ScopeLogs"), 3: (_W.LEN, None)},
-    "Resource": {1: (_W.LEN, "KeyValue"), 2: (_W.VARINT, None), 3: (_W.LEN, None)},
-    "ScopeLogs": {1: (_W.LEN, "Scope"), 2: (_W.LEN, "LogRecord"), 3: (_W.LEN, None)},
-    "Scope": {1: (_W.LEN, None), 2: (_W.LEN, None), 3: (_W.LEN, "KeyValue"), 4: (_W.VARINT, None)},
-    "KeyValue": {1: (_W.LEN, None), 2: (_W.LEN, "AnyValue")},
-    "AnyValue": {1: (_W.LEN, None), 2: (_W.VARINT, None), 3: (_W.VARINT, None), 4: (_W.I64, None),
-                 5: (_W.LEN, None), 6: (_W.LEN, None), 7: (_W.LEN, None)},
-    "LogRecord": {1: (_W.I64, None), 11: (_W.I64, None), 2: (_W.VARINT, None), 3: (_W.LEN, None),
-                  5: (_W.LEN, "AnyValue"), 6: (_W.LEN, "KeyValue"), 7: (_W.VARINT, None), 8: (_W.I32, None),
-                  9: (_W.LEN, None), 10: (_W.LEN, None), 12: (_W.LEN, None)},
-}
-
-
-def looks_otlp_protobuf(head: bytes) -> bool:
-    """The first bytes read as an ExportLogsServiceRequest (a saved `application/x-protobuf` body)."""
-    return head[:1] == b"\n" and wire.matches(head, _SCHEMA, "Request", min_bytes=16)
-
-
 def looks_otlp_json(head: bytes) -> bool:
     text = head.lstrip()[:64]
     return text.startswith(b"{") and (b'"resourceLogs"' in text or b'"resource_logs"' in text)
@@ -205,7 +181,6 @@ OTLP_PROTOBUF = Format(
     name="otlp",
     media_types=frozenset({"application/x-protobuf", "application/protobuf"}),
     parser=OtlpProtobuf,
-    sniff=looks_otlp_protobuf,
     description="OpenTelemetry logs, protobuf (ExportLogsServiceRequest)",
 )
 OTLP_JSON = Format(

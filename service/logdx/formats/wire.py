@@ -1,4 +1,4 @@
-"""Recognising a protobuf message by its first bytes (a saved OTLP or Loki body nothing describes).
+"""Recognising a protobuf body by its first bytes (a saved OTLP or Loki body nothing describes).
 
 Protobuf has no magic number, and an OTLP body is mostly the text of its log lines, so "does it look
 binary" misses it. What it does have is structure: every field starts with a tag (field number and
@@ -94,3 +94,68 @@ def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
         return _varint(buf, pos, len(buf))
     except _Truncated:
         raise ValueError("truncated varint") from None
+
+
+# -- the bodies logdx reads -------------------------------------------------------------------------
+
+# OTLP's ExportLogsServiceRequest down to the log records (opentelemetry-proto's logs.proto, common.proto).
+OTLP_SCHEMA: Schema = {
+    "Request": {1: (LEN, "ResourceLogs")},
+    "ResourceLogs": {1: (LEN, "Resource"), 2: (LEN, "ScopeLogs"), 3: (LEN, None)},
+    "Resource": {1: (LEN, "KeyValue"), 2: (VARINT, None), 3: (LEN, None)},
+    "ScopeLogs": {1: (LEN, "Scope"), 2: (LEN, "LogRecord"), 3: (LEN, None)},
+    "Scope": {1: (LEN, None), 2: (LEN, None), 3: (LEN, "KeyValue"), 4: (VARINT, None)},
+    "KeyValue": {1: (LEN, None), 2: (LEN, "AnyValue")},
+    "AnyValue": {1: (LEN, None), 2: (VARINT, None), 3: (VARINT, None), 4: (I64, None), 5: (LEN, None),
+                 6: (LEN, None), 7: (LEN, None)},
+    "LogRecord": {1: (I64, None), 11: (I64, None), 2: (VARINT, None), 3: (LEN, None), 5: (LEN, "AnyValue"),
+                  6: (LEN, "KeyValue"), 7: (VARINT, None), 8: (I32, None), 9: (LEN, None), 10: (LEN, None),
+                  12: (LEN, None)},
+}
+# Loki's logproto.PushRequest (the message inside the snappy block).
+LOKI_SCHEMA: Schema = {
+    "PushRequest": {1: (LEN, "Stream")},
+    "Stream": {1: (LEN, None), 2: (LEN, "Entry"), 3: (VARINT, None)},
+    "Entry": {1: (LEN, "Timestamp"), 2: (LEN, None), 3: (LEN, "LabelPair")},
+    "Timestamp": {1: (VARINT, None), 2: (VARINT, None)},
+    "LabelPair": {1: (LEN, None), 2: (LEN, None)},
+}
+
+
+def looks_otlp_protobuf(head: bytes) -> bool:
+    """The first bytes read as an ExportLogsServiceRequest (a saved `application/x-protobuf` body)."""
+    return head[:1] == b"\n" and matches(head, OTLP_SCHEMA, "Request", min_bytes=16)
+
+
+def _snappy_literal(head: bytes) -> bytes:
+    """The literal bytes a raw snappy block starts with (b"" when it does not start like one): the
+    uncompressed length as a varint, then a literal element (tag's low bits 00)."""
+    pos = 0
+    while pos < min(len(head), 5) and head[pos] & 0x80:
+        pos += 1
+    pos += 1
+    if pos >= len(head) or head[pos] & 3:
+        return b""
+    n = head[pos] >> 2
+    pos += 1
+    if n >= 60:  # the length-1 follows in 1-4 little-endian bytes
+        extra = n - 59
+        n = int.from_bytes(head[pos:pos + extra], "little")
+        pos += extra
+    return head[pos:pos + n + 1]
+
+
+def looks_loki_protobuf(head: bytes) -> bool:
+    """The first bytes are a snappy block whose first literal reads as a PushRequest whose first
+    stream's labels begin (`{...}`, Prometheus' form)."""
+    data = _snappy_literal(head)
+    if data[:1] != b"\n" or not matches(data, LOKI_SCHEMA, "PushRequest", min_bytes=5):
+        return False
+    try:  # streams (1, LEN), then its labels (1, LEN)
+        _, pos = read_varint(data, 1)
+        if data[pos:pos + 1] != b"\n":
+            return False
+        _, pos = read_varint(data, pos + 1)
+    except ValueError:
+        return False
+    return data[pos:pos + 1] in (b"{", b"")
