@@ -404,6 +404,22 @@ class HangSettings(_Section):
     check_interval_s: float = Field(5.0, gt=0, description="logdx serve: how often open jobs are checked")
 
 
+class McpSettings(_Section):
+    """`logdx mcp`: logdx as a tool for AI agents (Model Context Protocol), over stdio or streamable HTTP."""
+
+    host: str = Field("127.0.0.1", description="--http: the address to listen on (not loopback: server.token needed)")
+    port: int = Field(8078, ge=1, le=65535, description="--http: the port; the endpoint is /mcp")
+    allow_actions: bool = Field(
+        False, description="offer the tools that change something (feedback, act on a report, uncordon): still "
+        "behind actions.* (dry run by default, budget, breaker) and, over HTTP, server.token")
+    service_url: str = Field(
+        "", description="the running `logdx serve` whose jobs `diagnose` and `templates` reach by job id; "
+        "default server.public_url, else http://127.0.0.1:<server.port>; its token is server.token")
+    paths: list[Path] = Field(
+        default_factory=list, description="folders whose logs the tools may read; empty: any path over stdio "
+        "(the agent runs as you), none over HTTP")
+
+
 class Settings(_Section):
     data_dir: Path = Field(DEFAULT_DATA_DIR, description="state: database, spools, index, model cache")
     input: InputSettings = Field(default_factory=InputSettings)
@@ -421,6 +437,7 @@ class Settings(_Section):
     alerts: AlertsSettings = Field(default_factory=AlertsSettings)
     actions: ActionsSettings = Field(default_factory=ActionsSettings)
     hangs: HangSettings = Field(default_factory=HangSettings)
+    mcp: McpSettings = Field(default_factory=McpSettings)
 
     @model_validator(mode="after")
     def _state_under_data_dir(self) -> Settings:

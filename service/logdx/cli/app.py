@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from logdx import __version__
+from logdx.agent.cli import add_mcp_parser
 from logdx.api.server import add_serve_parser  # light: FastAPI loads only when serve runs
 from logdx.cli.diagnose import add_diagnose_args, add_diagnose_parser, cmd_diagnose
 from logdx.cli.incidents import add_incident_parsers
@@ -34,6 +35,7 @@ def build_parser(prog: str = "logdx") -> argparse.ArgumentParser:
     add_node_parsers(sub, Parser)
     add_run_parser(sub)
     add_serve_parser(sub)
+    add_mcp_parser(sub)
     return parser
 
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from logdx.config import Settings
     from logdx.formats import Meta
     from logdx.incidents import IncidentStore
-    from logdx.model import FailureContext
+    from logdx.model import FailureContext, TemplateStats
     from logdx.normalize import Source
     from logdx.pipeline import Engine, Session
 
@@ -101,6 +101,7 @@ class Diagnosed:
     report: Report
     context: FailureContext | None
     hosts: list[str]  # every host the log named: nodes `logdx nodes` has now seen
+    templates: list[TemplateStats]  # the job's Drain templates (what `logdx mcp` shows an agent)
 
 
 def _diagnose(engine: Engine, feed: Callable[[Session], dict[str, int]]) -> Diagnosed:
@@ -110,7 +111,7 @@ def _diagnose(engine: Engine, feed: Callable[[Session], dict[str, int]]) -> Diag
     report = session.report()
     if refused:
         report.notes.append("records without a line, skipped: " + ", ".join(f"{n} {r}" for r, n in sorted(refused.items())))
-    return Diagnosed(report, session.last_context, sorted(session.summary().hosts))
+    return Diagnosed(report, session.last_context, sorted(session.summary().hosts), session.templates())
 
 
 def _meta(settings: Settings, source: Source | None = None) -> Meta:
