@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 export LOGDX_LLM__CACHE_DIR ?= $(CURDIR)/.cache/logdx
 LINTED := service tests bench tools
 
-.PHONY: all install install-llama demo test test-fast eval eval-buried bench bench-serve lint clean catalog
+.PHONY: all install demo test test-fast eval eval-buried bench bench-serve lint clean catalog
 
 all: test
 
@@ -21,10 +21,6 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
-
-# Optional: llama-cpp-python's server, for tests/test_llm_llama_cpp.py (builds llama.cpp: ~7 CPU-minutes).
-install-llama: $(STAMP)
-	$(PY) -m pip install --quiet -e '.[dev,llama]'
 
 demo: $(STAMP)
 	@mkdir -p .cache/demo
@@ -67,3 +63,8 @@ bench-serve: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache
+
+# Optional: llama-cpp-python's server, for tests/test_llm_llama_cpp.py (builds llama.cpp: ~7 CPU-minutes).
+.PHONY: install-llama
+install-llama: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,llama]'

@@ -267,3 +267,20 @@ def test_a_saved_otlp_protobuf_body_is_read_as_otlp_without_format(tmp_path, rec
     damaged.write_bytes(bodies[3][:-7])
     out = logdx("diagnose", str(damaged), *RULES_ONLY, data_dir=tmp_path / "data")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.integration
+def test_the_exit_code_when_known_reaches_the_diagnosis(tmp_path) -> None:
+    folder = tmp_path / "quiet"
+    folder.mkdir()
+    for node in ("node-01", "node-02"):
+        (folder / f"{node}.log").write_text("".join(f"[{_stamp(s)}] [INFO] iteration {s}/100 | lm loss: 2.0\n"
+                                                    for s in range(5)))
+    status = {}
+    for code in ("0", "1"):
+        out = logdx("diagnose", str(folder), "--json", "--exit-code", code, "--no-store", *RULES_ONLY,
+                    data_dir=tmp_path / "data")
+        assert out.returncode == 0, out.stderr
+        status[code] = json.loads(out.stdout)["status"]
+    assert status == {"0": "healthy", "1": "failed"}  # a log that says nothing, a job that died anyway
+

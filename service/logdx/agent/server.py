@@ -74,11 +74,13 @@ def build_server(toolbox: Toolbox) -> MCPServer:
             description="instead of paths: a job of the running logdx service (its latest diagnosis)")] = None,
         format: Annotated[str, Field(
             description="auto (default), text, ndjson, msgpack, otlp, otlp-json, loki, loki-json")] = "auto",
+        exit_code: Annotated[int | None, Field(
+            description="how the job ended, when known: 0 with no fatal event is healthy")] = None,
     ) -> Report:
         """Diagnose a failed (or hung) training job: the root-cause line, its category and failure type,
         the culprit node/rank/GPU, the recommended action, the evidence and an explanation. The report's
         `id` is what `evidence`, `templates` and `report` take."""
-        return _call(toolbox.diagnose, paths=paths, job_id=job_id, fmt=format)
+        return _call(toolbox.diagnose, paths=paths, job_id=job_id, fmt=format, exit_code=exit_code)
 
     @server.tool(annotations=read, title="A stored report")
     def report(report_id: Annotated[str, Field(description="a report id (from diagnose, alerts, logdx)")]) -> Report:

@@ -160,15 +160,15 @@ class Toolbox:
     # -- read-only tools --------------------------------------------------------------------------
 
     def diagnose(self, paths: list[str] | None = None, job_id: str | None = None, fmt: str = "auto",
-                 store_id: str | None = None) -> Report:
+                 exit_code: int | None = None) -> Report:
         """A log file, a folder or several files (one job), or the latest diagnosis of a service's job."""
         if bool(paths) == bool(job_id):
             raise ToolFailure("give either paths (files or folders of one job) or job_id (a job of logdx serve)")
         if job_id:
             return self._job_report(job_id)
-        return self._diagnose_paths([self._readable(p) for p in paths or []], fmt, store_id)
+        return self._diagnose_paths([self._readable(p) for p in paths or []], fmt, exit_code)
 
-    def _diagnose_paths(self, paths: list[str], fmt: str, job_id: str | None) -> Report:
+    def _diagnose_paths(self, paths: list[str], fmt: str, exit_code: int | None) -> Report:
         from logdx.cli.diagnose import diagnose_file, diagnose_files, keep
         from logdx.cli.inputs import collect
         from logdx.faces import UsageError
@@ -179,15 +179,15 @@ class Toolbox:
         try:
             with self._diagnose_lock:
                 if len(paths) > 1 or Path(paths[0]).is_dir():
-                    diagnosed = diagnose_files(engine, collect(paths, self.settings.input), fmt)
+                    diagnosed = diagnose_files(engine, collect(paths, self.settings.input), fmt, exit_code)
                 else:
-                    diagnosed = diagnose_file(engine, paths[0], fmt)
+                    diagnosed = diagnose_file(engine, paths[0], fmt, exit_code)
         except (UsageError, InputError, FormatError) as e:
             raise ToolFailure(str(e)) from None
         if diagnosed.report.status == "empty":
             raise ToolFailure(f"{', '.join(paths)}: no log lines to diagnose (empty input)")
         if self.allow_actions:
-            keep(engine, diagnosed, job_id or ", ".join(str(Path(p).resolve()) for p in paths))
+            keep(engine, diagnosed, ", ".join(str(Path(p).resolve()) for p in paths))
         self._remember(diagnosed)
         return diagnosed.report
 

@@ -11,7 +11,6 @@ import sys
 from collections.abc import Callable, Sequence
 
 from logdx import __version__
-from logdx.agent.cli import add_mcp_parser
 from logdx.api.server import add_serve_parser  # light: FastAPI loads only when serve runs
 from logdx.cli.diagnose import add_diagnose_args, add_diagnose_parser, cmd_diagnose
 from logdx.cli.incidents import add_incident_parsers
@@ -26,6 +25,8 @@ _DIAGNOSE_SUBCOMMANDS = frozenset({"incidents", "feedback", "rules"})
 
 
 def build_parser(prog: str = "logdx") -> argparse.ArgumentParser:
+    from logdx.agent.cli import add_mcp_parser  # light, like the others: the SDK loads only when mcp runs
+
     parser = Parser(prog=prog, description=_DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"logdx {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")

@@ -58,6 +58,9 @@ def add_diagnose_args(p: argparse.ArgumentParser) -> None:
                    help="text, ndjson, msgpack, otlp, otlp-json, loki, loki-json, or auto (the default: "
                         "recognised by the first bytes where that is unambiguous, else text)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--exit-code", type=int, default=None, metavar="N",
+                   help="how the job ended, when you know it: 0 with no fatal event in the log is healthy "
+                        "(whatever it printed on the way); non-zero is a failure even when the log says nothing")
     p.add_argument("--job-id", metavar="ID",
                    help="the job's name in the node history (logdx nodes); default: the log's path")
     p.add_argument("--no-store", action="store_true",
@@ -78,9 +81,9 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     several = len(logs) > 1 or Path(logs[0]).is_dir()
     try:
         if several:
-            diagnosed = diagnose_files(engine, collect(logs, settings.input), args.format)
+            diagnosed = diagnose_files(engine, collect(logs, settings.input), args.format, args.exit_code)
         else:
-            diagnosed = diagnose_file(engine, logs[0], args.format)
+            diagnosed = diagnose_file(engine, logs[0], args.format, args.exit_code)
     except (InputError, FormatError) as e:
         raise UsageError(str(e)) from None
     report = diagnosed.report
@@ -104,11 +107,12 @@ class Diagnosed:
     templates: list[TemplateStats]  # the job's Drain templates (what `logdx mcp` shows an agent)
 
 
-def _diagnose(engine: Engine, feed: Callable[[Session], dict[str, int]]) -> Diagnosed:
-    """Feed a session (`feed` returns what it refused, by reason), then diagnose it."""
+def _diagnose(engine: Engine, feed: Callable[[Session], dict[str, int]], exit_code: int | None) -> Diagnosed:
+    """Feed a session (`feed` returns what it refused, by reason), then diagnose it (`exit_code`: how
+    the job ended, when known)."""
     session = engine.new_session()
     refused = feed(session)
-    report = session.report()
+    report = session.report(exit_code)
     if refused:
         report.notes.append("records without a line, skipped: " + ", ".join(f"{n} {r}" for r, n in sorted(refused.items())))
     return Diagnosed(report, session.last_context, sorted(session.summary().hosts), session.templates())
@@ -137,7 +141,7 @@ def _format_of(f: BinaryIO, name: str, fmt: str) -> str:
     return chosen
 
 
-def diagnose_file(engine: Engine, path: str, fmt: str) -> Diagnosed:
+def diagnose_file(engine: Engine, path: str, fmt: str, exit_code: int | None = None) -> Diagnosed:
     """One input: text goes the fast way, a shipper's format through `logdx.formats`, every record
     one job's (whatever job it names), records without a line noted in the report."""
     from logdx import formats
@@ -160,12 +164,12 @@ def diagnose_file(engine: Engine, path: str, fmt: str) -> Diagnosed:
             return refused
 
         try:
-            return _diagnose(engine, feed)
+            return _diagnose(engine, feed, exit_code)
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
             raise InputError(f"{name}: truncated or corrupt gzip data ({e})") from None
 
 
-def diagnose_files(engine: Engine, files: list[LogFile], fmt: str) -> Diagnosed:
+def diagnose_files(engine: Engine, files: list[LogFile], fmt: str, exit_code: int | None = None) -> Diagnosed:
     """Several files as one job, merged in time order; a file found in a folder that is no log
     (binary data) is skipped with a note, a file named outright is an error."""
     from logdx.cli.inputs import LineMap, merged_lines, open_log
@@ -200,7 +204,7 @@ def diagnose_files(engine: Engine, files: list[LogFile], fmt: str) -> Diagnosed:
             return refused
 
         try:
-            diagnosed = _diagnose(engine, feed)
+            diagnosed = _diagnose(engine, feed, exit_code)
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
             raise InputError(f"truncated or corrupt gzip data in one of the files ({e})") from None
         except FormatError as e:
