@@ -149,6 +149,27 @@ def test_line_map_finds_the_file_and_line_of_a_merged_line() -> None:
         ("a.log", 1), ("a.log", 2), ("b.log", 1), ("a.log", 3), ("b.log", 2), ("b.log", 3)]
 
 
+def test_a_shippers_records_file_merges_by_its_records_times(tmp_path) -> None:
+    """A node's kernel log saved by a shipper as NDJSON beside another node's text log: each record
+    keeps its own time and fields, the file's name gives its host."""
+    from logdx.cli.diagnose import diagnose_files
+    from logdx.faces import build_engine
+
+    (tmp_path / "node-01.log").write_text("[2024-05-01 12:00:01,000] [INFO] iteration 1/100 | lm loss: 2.0\n"
+                                          "[2024-05-01 12:00:05,000] [INFO] iteration 2/100 | lm loss: 2.0\n")
+    (tmp_path / "node-02.json").write_text(
+        json.dumps({"message": XID, "ts": "2024-05-01T12:00:03Z", "_transport": "kernel"}) + "\n"
+        + json.dumps({"priority": "6"}) + "\n")  # a record without a line: counted, not lost
+    settings = load_settings(env={"LOGDX_DATA_DIR": str(tmp_path / "d")})
+    settings.llm.enabled = settings.retrieval.enabled = False
+    diagnosed = diagnose_files(build_engine(settings), collect([str(tmp_path)], settings.input), "auto")
+    report = diagnosed.report
+    assert report.failure_type == "gpu_fell_off_bus" and report.culprits.hosts == ["node-02"]
+    assert report.root_cause is not None and report.root_cause.line_no == 2  # between 12:00:01 and 12:00:05
+    assert "records without a line, skipped: 1 no_message" in report.notes
+    assert diagnosed.hosts == ["node-01", "node-02"]
+
+
 # --- the command, as users run it ------------------------------------------------------------------
 
 
