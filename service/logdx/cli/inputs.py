@@ -13,6 +13,7 @@ Line numbers in the report count the merged stream; `LineMap` says which file an
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import os
 import re
@@ -145,8 +146,6 @@ class LineMap:
         self._first.append(file_line)
 
     def locate(self, merged_line: int) -> tuple[LogFile, int] | None:
-        import bisect
-
         i = bisect.bisect_right(self._starts, merged_line) - 1
         if i < 0:
             return None
