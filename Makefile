@@ -63,3 +63,8 @@ bench-serve: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache
+
+# Optional: llama-cpp-python's server, for tests/test_llm_llama_cpp.py (builds llama.cpp: ~7 CPU-minutes).
+.PHONY: install-llama
+install-llama: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,llama]'

@@ -277,21 +277,12 @@ def shipped_job(scenario: str = "xid79", ranks: int = 64, lines: int = 20_000, s
                           sorted({rank_host(r) for r in range(ranks)}))
     import io
 
-    from logdx.normalize import Normalizer
+    from logdx.testing import shipper_logs
 
     buf = io.StringIO()
     truth = generate(buf, scenario=scenario, seed=seed, ranks=ranks, lines=lines, style="torchrun",
                      gpus_per_host=gpus_per_host)
-    normalizer = Normalizer()
-    per_client: dict[int, list[str]] = {r: [] for r in range(ranks)}
-    for line in buf.getvalue().splitlines():
-        rec = normalizer.normalize(line)
-        if rec.rank is not None and rec.rank < ranks:
-            per_client[rec.rank].append(line)
-        elif rec.host in truth.hosts:
-            per_client[truth.hosts.index(rec.host) * gpus_per_host].append(line)
-        else:
-            per_client[0].append(line)
+    per_client = shipper_logs(buf.getvalue().splitlines(), list(truth.hosts), ranks, gpus_per_host)
     expected = {"status": truth.status, "category": truth.category, "failure_type": truth.failure_type,
                 "action": truth.action}
     return ShippedJob(per_client, expected, list(truth.culprit_hosts), truth.root_line or "", list(truth.hosts))

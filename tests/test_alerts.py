@@ -10,10 +10,11 @@ import threading
 import time
 
 import pytest
+from standardwebhooks import Webhook
 
 from logdx.act.alerts import Alert, Outbox, OutboxWorker, sign, slack_payload, verify
 from logdx.act.report import CompressionFigures, Culprits, Report, RootCause
-from logdx.config import AlertsSettings
+from logdx.config import AlertsSettings, ConfigError, load_settings
 from logdx.store import open_db
 from logdx.testing import Clock
 
@@ -82,6 +83,25 @@ def test_verify_accepts_valid_and_rejects_tampered_stale_or_foreign():
     assert verify(SECRET, rotated, body)
 
 
+@pytest.mark.parametrize("secret, says", [
+    ("my-shared-secret", "starts with whsec_"),
+    ("whsec_not base64!", "not base64"),
+    ("whsec_" + base64.b64encode(b"short key").decode(), "at least 24"),
+    (base64.b64encode(b"0123456789abcdef01234567").decode(), "starts with whsec_"),  # the prefix forgotten
+])
+def test_a_secret_official_verifiers_would_misread_is_refused_at_load(tmp_path, secret, says):
+    """The standardwebhooks library itself accepts these (it drops what is not base64), then signs
+    with a key no receiver shares: every delivery rejected. logdx refuses them when it loads."""
+    path = tmp_path / "logdx.yaml"
+    path.write_text(f'alerts:\n  webhooks: [{{url: "https://hooks.example.com/x", secret: "{secret}"}}]\n')
+    with pytest.raises(ConfigError) as e:
+        load_settings(path)
+    assert "alerts.webhooks.0.secret" in str(e.value) and says in str(e.value)
+    for ok in (SECRET, SECRET.rstrip("="), "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", ""):
+        path.write_text(f'alerts:\n  webhooks: [{{url: "https://hooks.example.com/x", secret: "{ok}"}}]\n')
+        assert load_settings(path).alerts.webhooks[0].secret == ok
+
+
 # -- delivery ---------------------------------------------------------------------------------------
 
 
@@ -95,6 +115,8 @@ def test_webhook_is_delivered_signed_with_the_report(rx, db):
     assert req.headers["content-type"] == "application/json"
     assert req.headers["webhook-id"].startswith("msg_")
     assert verify(SECRET, req.headers, req.body)
+    # The specification's own verifier (what a receiver written from its docs runs) accepts it.
+    assert Webhook(SECRET).verify(req.body, req.headers)["data"]["job_id"] == "job-1"
     payload = req.json()
     assert payload["type"] == "logdx.diagnosis"
     assert payload["data"]["job_id"] == "job-1"

@@ -101,9 +101,12 @@ def test_bad_usage_exits_2_with_one_line(args, message):
     assert "Traceback" not in err
 
 
-def test_directory_input_is_a_usage_error(tmp_path):
-    out = diagnose(str(tmp_path))
-    assert out.returncode == 2 and "directory" in out.stderr.decode()
+def test_a_folder_without_log_files_is_a_usage_error(tmp_path):
+    (tmp_path / "logs" / ".cache").mkdir(parents=True)  # hidden folders are not read
+    (tmp_path / "logs" / ".cache" / "node-01.log").write_text("x\n")
+    out = diagnose(str(tmp_path / "logs"))
+    assert out.returncode == 2 and "no log files in this folder" in out.stderr.decode()
+    assert len(out.stderr.strip().splitlines()) == 1
 
 
 def test_binary_garbage_is_refused_not_crashed(tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
 import threading
 import time
 import uuid
@@ -16,14 +15,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api_server import Server, ShippedJob, shipped_job, start_receiver
+from api_server import Server, shipped_job, start_receiver
 from conftest import NATS_URL, nats_unreachable
 from logdx.act.actions import Actions
 from logdx.bus.ownership import Ownership, SavedJob
 from logdx.bus.records import partition_of
 from logdx.config import ActionsSettings
 from logdx.store import open_db
-from logdx.testing import failed_report
+from logdx.testing import Fleet, failed_report
 
 pytestmark = pytest.mark.integration
 
@@ -76,6 +75,59 @@ def test_a_partition_has_one_owner_and_a_dead_owners_partition_moves(pg_url):
     finally:
         db_a.close()
         db_b.close()
+
+
+def test_the_stream_may_drop_only_what_every_partition_saved(pg_url):
+    """`keep_from` per partition: the record after its snapshot, or the first DATA of a request that
+    has not ended; the stream is purged below the least of all (a partition never saved: nothing)."""
+    db = open_db(pg_url)
+    try:
+        own = Ownership(db, "replica-a", "worker", 2, lease_s=5.0)
+        own.heartbeat()
+        one, two = own.claim(0), own.claim(1)
+        assert own.purge_floor() == 0  # partition 1 saved nothing yet
+        assert own.save_snapshot(0, one.epoch, 40, [SavedJob("job-a", 40, b"s", {}, pending_seq=None)])
+        assert own.save_snapshot(1, two.epoch, 55, [SavedJob("job-b", 55, b"s", {}, pending_seq=31)])
+        assert own.purge_floor() == 31  # job-b's request that began at record 31 has not ended
+        assert own.save_snapshot(1, two.epoch, 60, [SavedJob("job-b", 60, b"s", {}, pending_seq=None)])
+        assert own.purge_floor() == 41
+        assert own.claimable(held=False) == [] and own.claimable() == []
+        own.release(0, one.epoch)
+        assert own.claimable(held=False) == [0]
+    finally:
+        db.close()
+
+
+def test_acknowledged_lines_count_once_per_key_and_a_reset_forgets_positions(pg_url):
+    db = open_db(pg_url)
+    try:
+        own = Ownership(db, "replica-a", "worker", 1, lease_s=5.0)
+        assert own.acked_lines("job-a") is None
+        own.acknowledged("job-a", 40, "key-1", {"accepted_lines": 40})
+        own.acknowledged("job-a", 40, "key-1", {"accepted_lines": 40})  # a retry whose first try got in
+        own.acknowledged("job-a", 7, None, {"accepted_lines": 7})
+        assert own.acked_lines("job-a") == 47 and own.committed_upload("job-a", "key-1") == {"accepted_lines": 40}
+        from logdx.api.jobs import COMPONENT, MIGRATIONS, PG_MIGRATIONS
+        from logdx.store import migrate
+
+        migrate(db, COMPONENT, MIGRATIONS, postgres=PG_MIGRATIONS)  # the jobs' own table, as the service has it
+        db.execute("INSERT INTO api_jobs(job_id, created_at, updated_at) VALUES ('job-a', 0, 0)")
+        own.heartbeat()
+        claim = own.claim(0)
+        own.save_snapshot(0, claim.epoch, 90, [SavedJob("job-a", 90, b"s", {"pending": {"r1": {"seqs": [88]}},
+                                                                          "committed": [["key-1", {}]]}, 88)],
+                          stream_created="2026-01-01T00:00:00Z")
+        assert own.reset_partition(0, claim.epoch) == ["job-a"]
+        state = own.job_state("job-a")
+        assert (state.seq, state.bus_state["pending"], state.bus_state["committed"]) == (0, {}, [["key-1", {}]])
+        row = own.partitions_table()[0]
+        assert (row["snapshot_seq"], row["keep_from"]) == (0, 0)
+        own.record_gap("job-a", 0, "stream_reset", None, "the stream was replaced")
+        assert [g["kind"] for g in own.gaps("job-a")] == ["stream_reset"]
+        own.forget_job_entirely("job-a")
+        assert (own.gaps("job-a"), own.acked_lines("job-a"), own.job_state("job-a")) == ([], None, None)
+    finally:
+        db.close()
 
 
 def test_two_replicas_racing_to_cordon_stay_within_the_cluster_wide_budget(pg_url, tmp_path, monkeypatch):
@@ -142,67 +194,6 @@ def _wait(predicate, timeout: float, what: str, step: float = 0.1):
     raise AssertionError(f"not within {timeout} s: {what}")
 
 
-class Uploads:
-    """64 shippers, one per rank, each sending its lines in small batches with an Idempotency-Key,
-    spread over the replicas; a batch whose replica fails or vanishes is sent again, same key, to the
-    next one. Counts what was acknowledged, once per key."""
-
-    def __init__(self, servers: list[Server], job_id: str, job: ShippedJob, batch: int = 40) -> None:
-        self.servers = servers
-        self.job_id = job_id
-        self.job = job
-        self.batch = batch
-        self.dead: set[int] = set()
-        self.acked: dict[str, int] = {}
-        self.sent = 0
-        self.retried = 0
-        self.lock = threading.Lock()
-        self.pause = threading.Event()
-        self.pause.set()
-        self.done_upto: dict[int, int] = {}
-
-    def batches(self, rank: int) -> list[tuple[str, str]]:
-        lines = self.job.per_client[rank]
-        return [(f"{rank}-{i}", "\n".join(lines[i:i + self.batch]) + "\n") for i in range(0, len(lines), self.batch)]
-
-    def ship(self, rank: int, upto: float = 1.0) -> None:
-        """Send this rank's batches (the first `upto` share of them)."""
-        todo = self.batches(rank)
-        start = self.done_upto.get(rank, 0)
-        stop = len(todo) if upto >= 1 else int(len(todo) * upto)
-        with httpx.Client(timeout=30) as client:
-            for n, (key, body) in enumerate(todo[start:stop], start=start):
-                self.pause.wait()
-                self._send(client, rank + n, key, body)
-        self.done_upto[rank] = stop
-
-    def _send(self, client: httpx.Client, turn: int, key: str, body: str) -> None:
-        order = [(turn + k) % len(self.servers) for k in range(len(self.servers))]
-        for attempt in itertools.count():
-            i = order[attempt % len(order)]
-            if i in self.dead:
-                continue
-            server = self.servers[i]
-            try:
-                r = client.post(f"{server.url}/v1/jobs/{self.job_id}/logs", content=body,
-                                headers={**server.headers, "idempotency-key": key})
-            except httpx.HTTPError:
-                r = None
-            if r is not None and r.status_code == 200:
-                with self.lock:
-                    self.acked[key] = r.json()["accepted_lines"]
-                    self.sent += 1
-                return
-            with self.lock:
-                self.retried += 1
-            assert attempt < 50, f"batch {key} never accepted: {None if r is None else (r.status_code, r.text)}"
-            time.sleep(0.2)
-
-    @property
-    def lines(self) -> int:
-        return sum(self.acked.values())
-
-
 def test_three_replicas_survive_the_sigkill_of_the_jobs_owner(tmp_path, pg_url, nats_prefix):
     receiver = start_receiver()
     servers = _replicas(tmp_path, pg_url, nats_prefix, receiver)
@@ -217,7 +208,8 @@ def test_three_replicas_survive_the_sigkill_of_the_jobs_owner(tmp_path, pg_url, 
         owner = next(p["owner"] for p in _cluster(servers[0])["partitions"] if p["partition"] == partition)
         victim = int(owner.rsplit("-", 1)[1])
         job = shipped_job(lines=20_000)
-        up = Uploads(servers, job_id, job)
+        # 64 shippers, one per rank, in batches with an Idempotency-Key; a failed batch goes to the next replica
+        up = Fleet([s.url for s in servers], job_id, job.per_client, headers=servers[0].headers)
 
         # First half of every rank's log, from 64 concurrent shippers...
         with concurrent.futures.ThreadPoolExecutor(64) as pool:
@@ -240,7 +232,7 @@ def test_three_replicas_survive_the_sigkill_of_the_jobs_owner(tmp_path, pg_url, 
             for f in futures:
                 f.result()
         print(f"\ntakeover of partition {partition} ({owner} SIGKILLed -> {new_owner}): {takeover_s:.1f} s; "
-              f"{up.sent} batches acknowledged, {up.retried} sent again after a failure")
+              f"the shippers saw {dict(up.outcome.statuses)}")
         assert takeover_s < 15
         metrics = httpx.get(f"{servers[int(new_owner.rsplit('-', 1)[1])].url}/metrics").text
         assert f'logdx_partition_owned{{partition="{partition}",replica="{new_owner}"}} 1.0' in metrics

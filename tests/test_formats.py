@@ -176,6 +176,44 @@ def test_common_record_shapes() -> None:
     assert lines(with_ordinal)[-1][2] == 12
 
 
+def test_journald_through_fluent_bit_with_lowercase_keys_names_the_host() -> None:
+    """Fluent Bit's systemd input with `Lowercase On` sends `_hostname`, `message`,
+    `__realtime_timestamp`: the kernel's line must keep its node, or no cordon can follow."""
+    record = {"_transport": "kernel", "priority": "3", "syslog_identifier": "kernel", "_hostname": "gpu-node-11",
+              "_boot_id": "9f0c7e", "__realtime_timestamp": "1714564800250000", "message": XID}
+    body = msgpack.packb([[_event_time(1714564800.3), {}], record])
+    batch = read(body, "msgpack", meta=Meta(job="j-11"), step=9)
+    assert lines(batch) == [("j-11", "gpu-node-11", None, XID)]
+    # The event's own time wins (Fluent Bit's), as for any record; the journald stamp is a fallback.
+    assert batch.runs[0][1].ts == pytest.approx(1714564800.3)
+    ndjson = json.dumps(record).encode() + b"\n"
+    batch = read(ndjson, meta=Meta(job="j-11"))
+    assert lines(batch) == [("j-11", "gpu-node-11", None, XID)]
+    assert batch.runs[0][1].ts == pytest.approx(1714564800.25)
+
+
+def test_saved_protobuf_bodies_are_recognised_by_their_structure() -> None:
+    """A saved OTLP or Loki protobuf body is mostly the text of its lines: recognised by its tags
+    and nested lengths, never read as text; text that starts with blank lines stays text."""
+    records = [LogRecord(time_unix_nano=1714564800_000000000 + i, body=AnyValue(string_value=f"[rank{i}]: step 7 " * 9))
+               for i in range(40)]
+    otlp = ExportLogsServiceRequest(resource_logs=[ResourceLogs(
+        resource=Resource(attributes=[_kv("host.name", "gpu-node-02"), _kv("job.id", "j-2")]),
+        scope_logs=[ScopeLogs(log_records=records)])]).SerializeToString()
+    assert formats.sniff_file(otlp[:formats.SNIFF_BYTES]).name == "otlp"
+    assert read(otlp).lines == 40
+    push = PushRequest()
+    stream = push.streams.add(labels='{job_id="j-3", host="gpu-node-03"}')
+    for i in range(40):
+        stream.entries.add(line=f"[rank{i}]: step 7 " * 9).timestamp.seconds = 1714564800 + i
+    loki = bytes(cramjam.snappy.compress_raw(push.SerializeToString()))
+    assert formats.sniff_file(loki[:formats.SNIFF_BYTES]).name == "loki"
+    assert read(loki).lines == 40
+    for text in (b"\n\n\n[rank0]: iteration 1 loss 2.0\n" * 8, b"\n[rank0]: iteration 1\n" * 20,
+                 b"\nT\n\n{job}\n" * 30, b"Traceback (most recent call last):\n" * 9):
+        assert formats.sniff_file(text[:formats.SNIFF_BYTES]).name == "text", text[:20]
+
+
 def test_cri_text_lines_joined_and_unwrapped() -> None:
     body = (b"2024-05-01T12:00:00.1Z stdout F [rank0]: iteration 1\n"
             b"2024-05-01T12:00:01.1Z stderr P a long line cut in \n"

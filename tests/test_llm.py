@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -24,9 +23,10 @@ from logdx.diagnose.llm import (
     neutralize,
     render_explanation,
 )
+from logdx.diagnose.llm.openai import reply_schema
 from logdx.incidents import Incident, mask_text
 from logdx.model import Action, Category, FailureContext, StageVote
-from logdx.taxonomy import make_label
+from logdx.taxonomy import failure_types_of, make_label
 
 # Converted once for the whole test session and reused by later runs: the same directory the
 # Makefile gives the app (LOGDX_LLM__CACHE_DIR, default .cache/logdx), so CI converts only once.
@@ -197,10 +197,20 @@ def server():
 
 
 @pytest.fixture
-def chat(server):
+def stub(server):
+    """The server with nothing scripted, nothing received and nothing refused (and so left after)."""
     server.script.clear()
     server.requests.clear()
-    client = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="test-model", api_key="sk-test", timeout_s=2.0))
+    server.refuse = set()
+    yield server
+    server.refuse = set()
+
+
+@pytest.fixture
+def chat(stub):
+    server = stub
+    client = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="test-model", api_key="sk-test",
+                                                first_token_timeout_s=2.0, timeout_s=2.0))
     yield client
     client.close()
 
@@ -215,7 +225,9 @@ def test_valid_answer(chat, server):
     assert vote.evidence[0].text == ECC_CTX.root_text and vote.evidence[0].source == "llm:openai"
     req = server.requests[0]
     assert req["headers"]["authorization"] == "Bearer sk-test"
-    assert req["body"]["model"] == "test-model" and req["body"]["response_format"] == {"type": "json_object"}
+    assert req["body"]["model"] == "test-model" and req["body"]["stream"] is True
+    assert req["body"]["response_format"] == {
+        "type": "json_schema", "json_schema": {"name": "logdx_diagnosis", "strict": True, "schema": reply_schema()}}
     assert req["body"]["temperature"] == 0.0
     assert "infrastructure/ecc_error" in req["body"]["messages"][1]["content"]  # proposals shown
     assert chat.attempts == 1
@@ -258,12 +270,100 @@ def test_invalid_twice_gives_up(chat, server):
 
 
 def test_timeout(chat, server):
-    server.script.append(("sleep", 4.0))
-    t0 = time.monotonic()
+    # The answer would come after 30 s, and be valid: only the client's 2 s timeout makes this vote empty.
+    server.script.append(("sleep", 30.0))
     vote = chat.vote(ECC_CTX)
-    assert time.monotonic() - t0 < 3.5
-    assert vote.scores == [] and vote.note == "llm unavailable: timeout after 2s; fell back to rules + retrieval"
+    assert vote.scores == [] and vote.note.startswith("llm unavailable: no first token within 2s from ")
+    assert "llm.first_token_timeout_s" in vote.note
     assert len(server.requests) == 1  # a timeout is not retried: it would only double the wait
+
+
+def test_a_reply_that_keeps_trickling_is_cut_at_its_own_budget(stub):
+    """A cold server may take long for the first token (its budget); the rest has a budget of its own."""
+    server = stub
+    server.script.append(("slow", (json.dumps(VALID), 0.2)))
+    client = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m",
+                                                first_token_timeout_s=30, timeout_s=0.5))
+    vote = client.vote(ECC_CTX)
+    assert vote.scores == [] and "did not finish within 0.5s of its first token (llm.timeout_s)" in vote.note
+    server.script.append(("slow", (json.dumps(VALID), 0.01)))
+    patient = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m", timeout_s=30))
+    assert patient.vote(ECC_CTX).scores[0][0].failure_type == "ecc_error"
+    client.close()
+    patient.close()
+
+
+def test_a_server_that_does_not_stream_is_read_whole(chat, server):
+    server.script.append(("whole", json.dumps(VALID)))
+    assert chat.vote(ECC_CTX).scores[0][0].failure_type == "ecc_error"
+
+
+def test_the_reply_schema_is_the_taxonomy_and_accepts_what_logdx_accepts():
+    import jsonschema
+
+    schema = reply_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate(VALID, schema)
+    jsonschema.validate({**VALID, "root_line_no": None}, schema)
+    assert set(schema["properties"]["failure_type"]["enum"]) == {
+        t for c in (Category.INFRASTRUCTURE, Category.FRAMEWORK, Category.SCRIPT) for t in failure_types_of(c)}
+    assert "none" not in schema["properties"]["action"]["enum"]
+    for bad in ({**VALID, "failure_type": "gpu_melted"}, {**VALID, "extra": 1},
+                {k: v for k, v in VALID.items() if k != "confidence"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+
+
+def test_auto_falls_back_where_the_server_refuses_json_schema_and_keeps_what_worked(stub):
+    server = stub
+    server.refuse = {"json_schema"}
+    client = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m"))
+    assert client.vote(ECC_CTX).scores[0][0].failure_type == "ecc_error"
+    sent = [r["body"].get("response_format") for r in server.requests]
+    assert [f["type"] for f in sent] == ["json_schema", "json_object"]
+    assert sent[1]["schema"] == reply_schema()  # llama-cpp-python reads the schema there
+    assert client.response_format == "json_object_schema"
+    server.requests.clear()
+    client.vote(ECC_CTX)
+    assert [r["body"]["response_format"]["type"] for r in server.requests] == ["json_object"]
+    client.close()
+    # Refusing every format: the prompt alone.
+    server.refuse = {"json_schema", "json_object"}
+    server.requests.clear()
+    bare = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m"))
+    assert bare.vote(ECC_CTX).scores and bare.response_format == "none"
+    assert "response_format" not in server.requests[-1]["body"] and len(server.requests) == 4
+    bare.close()
+    # A format set outright is not second-guessed: refused, the stage says why.
+    fixed = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m",
+                                               response_format="json_schema"))
+    vote = fixed.vote(ECC_CTX)
+    assert vote.scores == [] and vote.note.startswith("llm unavailable: HTTP 400 from ")
+    fixed.close()
+
+
+def test_warm_up_loads_the_server_and_settles_the_format_before_the_first_diagnosis(stub):
+    server = stub
+    server.refuse = {"json_schema"}
+    client = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m"))
+    thread = client.load()
+    assert thread is not None
+    thread.join(60)
+    assert client.warmup["ok"] is True and client.warmup["response_format"] == "json_object_schema"
+    warm = server.requests[-1]["body"]
+    assert warm["max_tokens"] == 1 and warm["messages"][0]["content"] == client._system()
+    assert client.load() is None  # once
+    server.requests.clear()
+    assert client.vote(ECC_CTX).scores and len(server.requests) == 1
+    client.close()
+    server.script.append(("status", 503))
+    down = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m"))
+    result = down.warm()  # never raises: the server's own start is not logdx's to fail
+    assert result["ok"] is False and result["error"].startswith("HTTP 503")
+    off = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m", warmup_timeout_s=0))
+    assert off.load() is None and off.warmup == {}
+    down.close()
+    off.close()
 
 
 def test_http_500(chat, server):
@@ -312,9 +412,8 @@ def test_make_llm_picks_the_backend_from_settings(server):
     assert isinstance(emb, EmbeddedScorer) and emb.model_dir == Path("/x/cache/gemma3-270m")
 
 
-def test_score_fetches_examples_and_honours_exclusions(server):
-    server.script.clear()
-    server.requests.clear()
+def test_score_fetches_examples_and_honours_exclusions(stub):
+    server = stub
     asked = []
 
     def source(ctx, exclude_ids):

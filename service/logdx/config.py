@@ -16,8 +16,11 @@ The stages take their section as it is (`Retriever(store, settings.retrieval)`,
 
 from __future__ import annotations
 
+import base64
+import binascii
 import difflib
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,6 +44,17 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# How `diagnose DIR` (or several files) reads a host or rank from a file's name (see InputSettings).
+DEFAULT_NAME_PATTERNS = (
+    r"^host=(?P<host>.+)$",  # host=node-01.log: any name, said outright
+    r"^(?:rank|worker)[-_.]?(?P<rank>\d{1,7})$",  # rank-3.log, worker_12.out: a rank, not a host
+    # node-01, gpu07, dgx-a100-3, nid001234: a name ending in a number, not one of the usual names of a
+    # job's files (slurm-1234.out, job-7.log, stdout-0.log)
+    r"^(?!(?:slurm|job|jobid|step|attempt|run|train|training|stdout|stderr|output|out|err|log|logs|task|part)"
+    r"(?:[-_.]|\d|$))(?P<host>[A-Za-z][A-Za-z0-9-]*[0-9])$",
+)
+
+
 class InputSettings(_Section):
     """Reading logs: line bounds, the shippers' formats, where a record names its job, decompression bounds."""
 
@@ -57,6 +71,25 @@ class InputSettings(_Section):
         "(used when neither the URL nor X-Logdx-Job names it); dotted names also reach into nested objects")
     rank_from_pod_ordinal: bool = Field(
         False, description="a record's pod name ending in -N (kubernetes.pod_name, k8s.pod.name) gives rank N")
+    name_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_NAME_PATTERNS),
+        description="`diagnose DIR` or several files: regular expressions with a `host` or `rank` group, tried "
+        "in order on each file's name without its extensions (node-01.stdout.log.gz -> node-01), then on the "
+        "names of the folders it is in; the first that matches names the file's host or rank")
+    max_files: int = Field(512, ge=1, description="`diagnose DIR` or several files: at most this many files at once")
+
+    @field_validator("name_patterns")
+    @classmethod
+    def _name_patterns(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            try:
+                compiled = re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"{pattern!r} is not a regular expression: {e}") from None
+            if not {"host", "rank"} & set(compiled.groupindex):
+                raise ValueError(f"{pattern!r} names no (?P<host>...) or (?P<rank>...) group")
+        return v
+
     max_inflated_chunk_bytes: int = Field(
         64 << 20, ge=1 << 20, description="what one received piece of a compressed body may inflate to (413 past it)")
     max_inflate_ratio: float = Field(
@@ -107,11 +140,23 @@ class RetrievalSettings(_Section):
 class LLMSettings(_Section):
     enabled: bool = True
     backend: Literal["embedded", "openai"] = "embedded"
-    base_url: str = "http://127.0.0.1:8000/v1"
-    model: str = "default"
-    api_key: str = ""
-    timeout_s: float = Field(30.0, gt=0)
-    json_mode: bool = True
+    # -- backend: openai (any OpenAI-compatible /chat/completions: vLLM, llama.cpp's server, Ollama, hosted)
+    base_url: str = Field("http://127.0.0.1:8000/v1", description="openai: the API root, /chat/completions is appended")
+    model: str = Field("default", description="openai: the model name the server knows")
+    api_key: str = Field("", description="openai: sent as Authorization: Bearer (or LOGDX_LLM__API_KEY)")
+    response_format: Literal["auto", "json_schema", "json_object", "none"] = Field(
+        "auto", description="openai: how the reply's shape is asked for. json_schema sends the reply's JSON schema "
+        "(structured output: vLLM, llama.cpp's server, Ollama, OpenAI); json_object asks for any JSON object; none "
+        "relies on the prompt. auto: json_schema, then, where the server refuses it, json_object with the schema "
+        "(llama-cpp-python), json_object, none")
+    connect_timeout_s: float = Field(5.0, gt=0, description="openai: to connect to the server")
+    first_token_timeout_s: float = Field(
+        60.0, gt=0, description="openai: from the request to the reply's first token (a cold server loads its model "
+        "then: 40 s is common on first use)")
+    timeout_s: float = Field(30.0, gt=0, description="openai: for the rest of the reply, after its first token")
+    warmup_timeout_s: float = Field(
+        300.0, ge=0, description="openai: `logdx serve` (and `logdx mcp`) send one tiny request at start, so a cold "
+        "server loads its model then, not during the first diagnosis; 0: no warm-up")
     cache_dir: Path | None = Field(None, description="the converted model goes here; default <data_dir>/models")
     allow_convert: bool = True
     threads: int = Field(0, ge=0, description="torch threads; 0 = by load")
@@ -143,6 +188,9 @@ class StoreSettings(_Section):
         "", description="PostgreSQL instead of the SQLite file: postgresql://user:password@host:5432/db "
         "(replicas share it: jobs, reports, incidents, alerts, the action audit and the cordon budget)")
     pool_size: int = Field(8, ge=2, description="PostgreSQL connections per process")
+    timeout_s: float = Field(
+        5.0, gt=0, description="PostgreSQL: a statement waits at most this long for a connection (1 s while the "
+        "database is known to be down); then the request is answered 503 store_unavailable with Retry-After")
 
     @field_validator("url")
     @classmethod
@@ -176,9 +224,23 @@ class BusSettings(_Section):
         "another takes them over (takeover time is at most about lease_s + lease_s / 3)")
     snapshot_interval_s: float = Field(
         5.0, gt=0, description="how often a partition's owner saves its job sessions and acks what they hold")
+    max_bytes: int = Field(
+        1 << 30, ge=0, description="the size of the stream when logdx creates it (NATS reserves it on the server; "
+        "keep it below the server's JetStream storage); when full, uploads get 503 bus_full. 0: no limit of the "
+        "stream's own. An existing stream's limits are the operator's: logdx never changes them")
+    reserve_bytes: int = Field(
+        4 << 20, ge=0, description="kept free in the stream for the records that end uploads and jobs (/end): "
+        "uploads are refused (503 bus_full) when less is left; at most a quarter of the stream's size")
     max_age_s: float = Field(
-        7 * 86400.0, gt=0, description="the stream keeps records this long at most (a safety net: acked records "
-        "are only needed until the next snapshot)")
+        0.0, ge=0, description="records older than this are dropped by NATS, saved or not (0: never; records are "
+        "purged as soon as their owner has saved them). An owner that finds records gone says so")
+    timeout_s: float = Field(
+        5.0, gt=0, description="a call to NATS (publish, stream or consumer query) fails after this long; an upload "
+        "meanwhile is answered 503 bus_unavailable with Retry-After (at once while NATS is disconnected)")
+    store_grace_s: float = Field(
+        6.0, ge=0, description="after losing PostgreSQL, a replica takes over no partition another replica held "
+        "until it has had the store back this long, so that every owner renews first: a store outage moves no "
+        "partition (a dead owner's partitions still move, this much later)")
     duplicate_window_s: float = Field(
         120.0, gt=0, description="JetStream drops a record published again with the same id within this window")
     max_message_bytes: int = Field(
@@ -247,9 +309,36 @@ class SlackDestination(_Section):
     webhook_url: str
 
 
+WEBHOOK_SECRET_PREFIX = "whsec_"
+WEBHOOK_SECRET_MIN_BYTES = 24  # the Standard Webhooks specification's minimum key size
+
+
 class WebhookDestination(_Section):
     url: str
-    secret: str = Field("", description="Standard Webhooks secret (whsec_... base64) used to sign")
+    secret: str = Field(
+        "", description="Standard Webhooks signing secret: whsec_ and the base64 of 24 to 64 random bytes "
+        "(whsec_$(openssl rand -base64 32)); empty: deliveries are not signed")
+
+    @field_validator("secret")
+    @classmethod
+    def _standard_webhooks_secret(cls, v: str) -> str:
+        """Refused at load: a secret every official verifier would read differently from us (they
+        all take `whsec_<base64>`) means every delivery is rejected, silently, at 3 a.m."""
+        v = v.strip()
+        if not v:
+            return v
+        how = "write it as whsec_ followed by base64, e.g. whsec_$(openssl rand -base64 32)"
+        if not v.startswith(WEBHOOK_SECRET_PREFIX):
+            raise ValueError(f"a Standard Webhooks secret starts with {WEBHOOK_SECRET_PREFIX}: {how}")
+        raw = v[len(WEBHOOK_SECRET_PREFIX):]
+        try:
+            key = base64.b64decode(raw + "=" * (-len(raw) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError(f"the part after {WEBHOOK_SECRET_PREFIX} is not base64: {how}") from None
+        if len(key) < WEBHOOK_SECRET_MIN_BYTES:
+            raise ValueError(f"the key is {len(key)} bytes; Standard Webhooks keys are at least "
+                             f"{WEBHOOK_SECRET_MIN_BYTES} random bytes: {how}")
+        return v
 
 
 class AlertsSettings(_Section):
@@ -332,6 +421,22 @@ class HangSettings(_Section):
     check_interval_s: float = Field(5.0, gt=0, description="logdx serve: how often open jobs are checked")
 
 
+class McpSettings(_Section):
+    """`logdx mcp`: logdx as a tool for AI agents (Model Context Protocol), over stdio or streamable HTTP."""
+
+    host: str = Field("127.0.0.1", description="--http: the address to listen on (not loopback: server.token needed)")
+    port: int = Field(8078, ge=1, le=65535, description="--http: the port; the endpoint is /mcp")
+    allow_actions: bool = Field(
+        False, description="offer the tools that change something (feedback, act on a report, uncordon): still "
+        "behind actions.* (dry run by default, budget, breaker) and, over HTTP, server.token")
+    service_url: str = Field(
+        "", description="the running `logdx serve` whose jobs `diagnose` and `templates` reach by job id; "
+        "default server.public_url, else http://127.0.0.1:<server.port>; its token is server.token")
+    paths: list[Path] = Field(
+        default_factory=list, description="folders whose logs the tools may read; empty: any path over stdio "
+        "(the agent runs as you), none over HTTP")
+
+
 class Settings(_Section):
     data_dir: Path = Field(DEFAULT_DATA_DIR, description="state: database, spools, index, model cache")
     input: InputSettings = Field(default_factory=InputSettings)
@@ -349,6 +454,7 @@ class Settings(_Section):
     alerts: AlertsSettings = Field(default_factory=AlertsSettings)
     actions: ActionsSettings = Field(default_factory=ActionsSettings)
     hangs: HangSettings = Field(default_factory=HangSettings)
+    mcp: McpSettings = Field(default_factory=McpSettings)
 
     @model_validator(mode="after")
     def _state_under_data_dir(self) -> Settings:

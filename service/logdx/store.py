@@ -160,13 +160,14 @@ def is_url(location: str | Path) -> bool:
     return str(location).startswith(("postgresql://", "postgres://"))
 
 
-def open_db(location: str | Path, pool_size: int = 8) -> Any:
+def open_db(location: str | Path, pool_size: int = 8, timeout_s: float = 5.0) -> Any:
     """Open the store: a SQLite file at ``location`` (created if needed; ``":memory:"`` for tests),
-    or a PostgreSQL database when it is a ``postgresql://`` URL (`store.url`)."""
+    or a PostgreSQL database when it is a ``postgresql://`` URL (`store.url`; `timeout_s`: how long a
+    statement waits for a connection, `store.timeout_s`)."""
     if is_url(location):
         from logdx.store_postgres import PostgresDatabase
 
-        return PostgresDatabase(str(location), pool_size=pool_size)
+        return PostgresDatabase(str(location), pool_size=pool_size, timeout_s=timeout_s)
     return Database(location)
 
 

@@ -11,7 +11,15 @@ The same interface as the SQLite `Database` (`logdx.store.Store`), over a psycop
   read-then-write (the cordon budget, an alert's dedupe key) is serialised across replicas as
   SQLite's single writer serialises it; `skip_locked` lets each replica claim rows the others
   do not hold (the alert outbox);
-- errors come out as `logdx.store.IntegrityError` / `StoreError`.
+- errors come out as `logdx.store.IntegrityError` / `StoreError` (the service answers the latter with
+  503 `store_unavailable` and Retry-After).
+
+Outages. A statement waits at most `store.timeout_s` for a connection, and 1 s while the database is
+known to be down (a connection broke, or none could be had), so that callers fail fast instead of
+queueing behind a dead server. When one pooled connection turns out broken (a restart ends every
+session), the others are checked at once in the background rather than failing one request each;
+the pool gives up a reconnection attempt after `store.timeout_s` (at least 2 s) and starts afresh,
+so a server that is back is used again within about a second or two.
 
 Migrations: each component passes its PostgreSQL scripts (`migrate(..., postgres=[...])`); they are
 versioned in the same `schema_versions` table, one migration per transaction, under an advisory lock
@@ -20,6 +28,8 @@ so that replicas starting together apply each once.
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -43,7 +53,31 @@ CREATE TABLE IF NOT EXISTS schema_versions (
 )
 """
 _MIGRATION_LOCK = "logdx:migrations"
-_CONNECT_TIMEOUT_S = 10
+_WAIT_WHILE_DOWN_S = 1.0
+log = logging.getLogger("logdx.store")
+
+
+class _Throttle(logging.Filter):
+    """psycopg's pool logs every failed reconnection attempt (several a second while the server is
+    down): the same message at most once every 30 s."""
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = str(record.msg)
+        now = time.monotonic()
+        if now - self._last.get(key, -self.every_s) < self.every_s:
+            return False
+        self._last[key] = now
+        return True
+
+
+_pool_log = logging.getLogger("psycopg.pool")
+if not any(isinstance(f, _Throttle) for f in _pool_log.filters):
+    _pool_log.addFilter(_Throttle())
 
 
 class Row(dict):  # type: ignore[type-arg]
@@ -95,38 +129,33 @@ class Result:
 class _Tx:
     """The connection of a transaction in progress, with the same `execute` as the database."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, db: PostgresDatabase, conn: psycopg.Connection[Any]) -> None:
+        self.db = db
         self.conn = conn
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Result:
-        return _run(self.conn, sql, params)
-
-
-def _run(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any] | dict[str, Any]) -> Result:
-    try:
-        cur = conn.execute(to_pg(sql), params if isinstance(params, dict) else tuple(params))
-        rows = cur.fetchall() if cur.description is not None else []
-        return Result(cur.rowcount, rows)
-    except psycopg.IntegrityError as e:
-        raise IntegrityError(str(e).strip()) from e
-    except psycopg.Error as e:
-        raise StoreError(str(e).strip()) from e
+        return self.db._run(self.conn, sql, params)
 
 
 class PostgresDatabase:
     dialect = "postgres"
     skip_locked = " FOR UPDATE SKIP LOCKED"
 
-    def __init__(self, url: str, pool_size: int = 8) -> None:
+    def __init__(self, url: str, pool_size: int = 8, timeout_s: float = 5.0) -> None:
         self.url = url
         self.path = _redacted(url)  # what messages and the retriever see; never the password
+        self.timeout_s = timeout_s
         self._local = threading.local()
+        self._down_since: float | None = None  # monotonic: since when the server is known unreachable
+        self._checking = threading.Lock()
+        connect_timeout = max(2, math.ceil(timeout_s))  # libpq's minimum is 2 s
         try:
             self._pool = ConnectionPool(
-                url, min_size=1, max_size=max(2, pool_size), open=True, timeout=30.0, name="logdx",
-                kwargs={"autocommit": True, "row_factory": _row_factory, "connect_timeout": _CONNECT_TIMEOUT_S},
+                url, min_size=1, max_size=max(2, pool_size), open=True, timeout=timeout_s, name="logdx",
+                reconnect_timeout=max(2.0, timeout_s),
+                kwargs={"autocommit": True, "row_factory": _row_factory, "connect_timeout": connect_timeout},
             )
-            self._pool.wait(timeout=_CONNECT_TIMEOUT_S)
+            self._pool.wait(timeout=max(10.0, timeout_s))
         except Exception as e:
             pool = getattr(self, "_pool", None)
             if pool is not None:
@@ -134,7 +163,48 @@ class PostgresDatabase:
             raise StoreError(f"cannot connect to {self.path}: {e}") from e
         self.lock = threading.RLock()  # for callers that hold it around several statements (SQLite's habit)
 
+    # -- outages ------------------------------------------------------------------------------
+
+    def _wait_s(self) -> float:
+        return min(_WAIT_WHILE_DOWN_S, self.timeout_s) if self._down_since is not None else self.timeout_s
+
+    def _lost(self, conn: psycopg.Connection[Any] | None = None) -> None:
+        """A connection broke, or none could be had: the server is away (a statement's own error,
+        on a connection that still works, is not this)."""
+        if conn is not None and not (conn.broken or conn.closed):
+            return
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            log.warning("PostgreSQL at %s unreachable: requests are answered 503 until it is back", self.path)
+        if self._checking.acquire(blocking=False):
+            threading.Thread(target=self._check_pool, name="logdx-pg-check", daemon=True).start()
+
+    def _check_pool(self) -> None:
+        try:
+            self._pool.check()  # drops every dead connection at once, and refills
+        except Exception:  # noqa: BLE001 - the next statement tells
+            pass
+        finally:
+            self._checking.release()
+
+    def _reached(self) -> None:
+        if self._down_since is not None:
+            log.warning("PostgreSQL at %s reachable again after %.1f s", self.path, time.monotonic() - self._down_since)
+            self._down_since = None
+
     # -- statements ------------------------------------------------------------------------
+
+    def _run(self, conn: psycopg.Connection[Any], sql: str, params: Sequence[Any] | dict[str, Any]) -> Result:
+        try:
+            cur = conn.execute(to_pg(sql), params if isinstance(params, dict) else tuple(params))
+            rows = cur.fetchall() if cur.description is not None else []
+        except psycopg.IntegrityError as e:
+            raise IntegrityError(str(e).strip()) from e
+        except psycopg.Error as e:
+            self._lost(conn)
+            raise StoreError(str(e).strip()) from e
+        self._reached()
+        return Result(cur.rowcount, rows)
 
     @contextmanager
     def _conn(self) -> Iterator[psycopg.Connection[Any]]:
@@ -143,14 +213,15 @@ class PostgresDatabase:
             yield current
             return
         try:
-            with self._pool.connection() as conn:
+            with self._pool.connection(timeout=self._wait_s()) as conn:
                 yield conn
-        except psycopg.OperationalError as e:
+        except psycopg.OperationalError as e:  # no connection within the wait (PoolTimeout), or it broke
+            self._lost()
             raise StoreError(str(e).strip()) from e
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Result:
         with self._conn() as conn:
-            return _run(conn, sql, params)
+            return self._run(conn, sql, params)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         with self._conn() as conn:
@@ -160,7 +231,9 @@ class PostgresDatabase:
             except psycopg.IntegrityError as e:
                 raise IntegrityError(str(e).strip()) from e
             except psycopg.Error as e:
+                self._lost(conn)
                 raise StoreError(str(e).strip()) from e
+            self._reached()
 
     def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Row]:
         return self.execute(sql, params).rows
@@ -176,21 +249,22 @@ class PostgresDatabase:
         current = getattr(self._local, "tx", None)
         if current is not None:
             if lock is not None:
-                _run(current, "SELECT pg_advisory_xact_lock(hashtext(?))", (lock,))
-            yield _Tx(current)
+                self._run(current, "SELECT pg_advisory_xact_lock(hashtext(?))", (lock,))
+            yield _Tx(self, current)
             return
         try:
-            with self._pool.connection() as conn, conn.transaction():
+            with self._pool.connection(timeout=self._wait_s()) as conn, conn.transaction():
                 self._local.tx = conn
                 try:
                     if lock is not None:
-                        _run(conn, "SELECT pg_advisory_xact_lock(hashtext(?))", (lock,))
-                    yield _Tx(conn)
+                        self._run(conn, "SELECT pg_advisory_xact_lock(hashtext(?))", (lock,))
+                    yield _Tx(self, conn)
                 finally:
                     self._local.tx = None
         except psycopg.IntegrityError as e:
             raise IntegrityError(str(e).strip()) from e
         except psycopg.Error as e:
+            self._lost()
             raise StoreError(str(e).strip()) from e
 
     # -- migrations ---------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Any
 from logdx.act.actuators import ActionFailed, NodeName, make_actuator, make_restart_hook
 from logdx.act.actuators.restart import hook_values
 from logdx.act.argv import HEALTH_CHECK_PLACEHOLDERS, fill_argv, parse_template
-from logdx.act.nodes import BreakerState, NodeBook, xid_of
+from logdx.act.nodes import BreakerState, NodeBook
 from logdx.act.policy import (
     ALREADY_CORDONED,
     NODE_UNKNOWN,
@@ -203,20 +203,12 @@ class Actions:
         return self.actuator.name if self.actuator is not None else "none"
 
     def _record_blame(self, job_id: str, report: Report, targets: list[NodeName]) -> str:
-        """Per-node history of infrastructure failures and of GPU Xids (an application-class Xid such
-        as 13 is the job's bug once, the GPU's when it keeps coming back); returns why repeated events
-        on the blamed GPU escalate this one ('' when they do not)."""
-        text = report.root_cause.text if report.root_cause else ""
-        if xid_of(text) is None:
-            text = next((e.text for e in report.evidence if xid_of(e.text) is not None), text)
-        if (report.category != "infrastructure" and xid_of(text) is None) or not targets:
+        """The blamed nodes' history (`NodeBook.record_diagnosis`); returns why repeated events on the
+        blamed GPU escalate this one ('' when they do not)."""
+        blamed = self.nodes.record_diagnosis(job_id, report, targets)
+        if blamed is None or report.action == "cordon_and_restart" or len(targets) != 1:
             return ""
-        gpu = report.culprits.gpus[0] if report.culprits.gpus else ""
-        for node in targets:
-            self.nodes.blame(node, job_id=job_id, failure_type=report.failure_type or "", gpu=gpu, text=text,
-                             report_id=report.id)
-        if report.action == "cordon_and_restart" or len(targets) != 1:
-            return ""
+        gpu, text = blamed
         return self.nodes.escalation(targets[0], gpu, report.failure_type or "", text)
 
     # -- cordon ---------------------------------------------------------------------------------

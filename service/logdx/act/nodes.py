@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from logdx.act.actuators.base import NodeName, node_names
+from logdx.act.report import Report
 from logdx.config import ActionsSettings, EscalationRule
 from logdx.store import Store, migrate
 
@@ -208,6 +209,21 @@ class NodeBook:
             (now, node.key, gpu or "", failure_type or "", xid_of(text), job_id, report_id, digest, text[:500]),
         )
         return cur.rowcount > 0
+
+    def record_diagnosis(self, job_id: str, report: Report, targets: Sequence[NodeName]) -> tuple[str, str] | None:
+        """Per-node history of infrastructure failures and of GPU Xids (an application-class Xid such
+        as 13 is the job's bug once, the GPU's when it keeps coming back), for the nodes `targets`
+        a diagnosis blames; returns (GPU, the line recorded), None when nothing was."""
+        text = report.root_cause.text if report.root_cause else ""
+        if xid_of(text) is None:
+            text = next((e.text for e in report.evidence if xid_of(e.text) is not None), text)
+        if (report.category != "infrastructure" and xid_of(text) is None) or not targets:
+            return None
+        gpu = report.culprits.gpus[0] if report.culprits.gpus else ""
+        for node in targets:
+            self.blame(node, job_id=job_id, failure_type=report.failure_type or "", gpu=gpu, text=text,
+                       report_id=report.id)
+        return gpu, text
 
     def escalation(self, node: NodeName, gpu: str, failure_type: str, text: str,
                    now: float | None = None) -> str:

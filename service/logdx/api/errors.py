@@ -3,11 +3,16 @@
 `ApiError` is raised anywhere (routes, ingestion threads) and rendered by one handler; Starlette's
 404/405 and FastAPI's validation errors are rendered in the same shape; anything unexpected is
 logged server-side with a request id and answered with a bare 500, never a stack trace.
+
+An outage of what the service stands on is not a bug: the shared database (`StoreError`, from
+PostgreSQL) or the line bus (`BusError`, NATS) unreachable is a 503 `store_unavailable` /
+`bus_unavailable` (`bus_full` when the bus refuses records) with `Retry-After`, never a 500.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +23,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from logdx.bus.base import BusError, BusFull
+from logdx.store_base import StoreError
 
 log = logging.getLogger("logdx.api")
 
@@ -106,8 +114,42 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(422, "invalid_request", f"{first['where']}: {first['problem']}", problems=problems)
 
 
+# Seconds a client should wait after an outage answer: the store's pool reconnects within about a
+# second of the server's return, NATS's client within half a second.
+OUTAGE_RETRY_AFTER_S = 2
+_last_outage_log: dict[str, float] = {}
+
+
+def _log_outage(kind: str, request: Request, exc: Exception) -> None:
+    """One line per kind of outage every 10 s (each request of an outage would log it again)."""
+    now = time.monotonic()
+    if now - _last_outage_log.get(kind, -10.0) >= 10.0:
+        _last_outage_log[kind] = now
+        log.warning("%s %s answered 503 %s: %s", request.method, request.url.path, kind, exc)
+
+
+async def _store_error(request: Request, exc: Exception) -> JSONResponse:
+    _log_outage("store_unavailable", request, exc)
+    return error_response(503, "store_unavailable", "the database is unreachable or did not answer in time "
+                          "(store.timeout_s); retry: an upload answered so applied none of its lines, and /end "
+                          "may be sent again",
+                          {"Retry-After": str(OUTAGE_RETRY_AFTER_S)})
+
+
+async def _bus_error(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, BusFull):
+        _log_outage("bus_full", request, exc)
+        return error_response(503, "bus_full", f"the line bus is full ({exc}); retry later",
+                              {"Retry-After": str(5 * OUTAGE_RETRY_AFTER_S)})
+    _log_outage("bus_unavailable", request, exc)
+    return error_response(503, "bus_unavailable", f"the line bus is unreachable ({exc}); retry",
+                          {"Retry-After": str(OUTAGE_RETRY_AFTER_S)})
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(StoreError, _store_error)
+    app.add_exception_handler(BusError, _bus_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
 

@@ -190,6 +190,7 @@ class IngestRequest:
     duplicate: bool = False  # an earlier request with the same key was committed: nothing applied
     cut: str | None = None  # why fewer lines than spooled were applied (a bound was reached)
     pieces: int = 0  # records published (with the line bus)
+    ended: bool = False  # its END record is published (with the line bus)
 
     def result(self, job_lines: int) -> dict[str, Any]:
         return {
@@ -231,6 +232,7 @@ class Job:
         self.bus_seq = 0
         self.bus_pending: dict[str, dict[str, Any]] = {}
         self.bus_data: dict[int, Any] = {}
+        self.bus_fed: int | None = 0  # lines its committed requests fed (None: not counted by its saver)
         self.dirty = False
 
 
@@ -871,6 +873,11 @@ class JobManager:
                 job.tlock.release()
         self._spool_path(job_id).unlink(missing_ok=True)
         return True
+
+    def active_uploads(self) -> int:
+        """Uploads in progress, over every job (back to 0 when none is: every path releases them)."""
+        with self._registry_lock:
+            return sum(job.active for job in self._jobs.values())
 
     def state_gauges(self) -> dict[str, Any]:
         counts = {r["state"]: float(r["n"]) for r in self.db.query(

@@ -95,6 +95,12 @@ class Metrics:
         self.refused = Counter("logdx_http_refused_total",
                                "Requests refused before routing: unknown method, Host, Origin, browser-simple POST",
                                ["reason"], registry=r)
+        self.bus_gaps = Counter("logdx_bus_gaps_total",
+                                "Records an owner found missing from the line bus, by kind (each is logged, and "
+                                "stored with the job: GET /v1/jobs/{id} bus_gaps)", ["kind"], registry=r)
+        self.bus_lost_lines = Counter("logdx_bus_lost_lines_total",
+                                      "Acknowledged lines that never reached their diagnosis (the bus lost them)",
+                                      registry=r)
         self.retention_deleted = Counter("logdx_retention_deleted_total",
                                          "What the retention sweep deleted (jobs, reports, alerts, audit rows)",
                                          ["kind"], registry=r)

@@ -14,6 +14,7 @@ from logdx.api.deps import EngineDep, JobId, ServicesDep, get_engine, require_to
 from logdx.api.errors import ApiError, ErrorBody
 from logdx.api.jobs import Job
 from logdx.api.metrics import CONTENT_TYPE
+from logdx.api.readiness import failing_checks
 from logdx.api.services import Services
 from logdx.incidents import IncidentError, IncidentIn
 
@@ -36,8 +37,13 @@ async def healthz() -> dict[str, str]:
 
 
 @health.get("/readyz", response_model=schemas.Ready, responses={503: {"model": ErrorBody}},
-            summary="Readiness: rules (and models) loaded, database open")
+            summary="Readiness: rules (and models) loaded, database and line bus reachable")
 async def readyz(services: ServicesDep) -> dict[str, Any]:
+    failing = await services.run(failing_checks, services)
+    if failing:
+        retry = {} if services.startup_error else {"Retry-After": "5"}
+        raise ApiError(503, "not_ready", "; ".join(f"{name}: {why}" for name, why in failing.items()),
+                       headers=retry, checks=failing)
     engine = get_engine(services)
     return {"status": "ready", "rules": len(engine.rules.rules), "recovering_jobs": services.recovering}
 

@@ -100,6 +100,16 @@ class ActionState(BaseModel):
     detail: str
 
 
+class BusGap(BaseModel):
+    """What a job's owner found missing on the line bus (several replicas only)."""
+
+    found_at: float
+    kind: Literal["missing_records", "unaccounted_lines", "stream_lost_records", "stream_reset"]
+    lines: int | None = Field(None, description="acknowledged lines that never reached the diagnosis; "
+                              "null: records were lost that may have held some")
+    detail: str
+
+
 class JobDetail(BaseModel):
     job_id: str
     state: Literal["open", "ended"]
@@ -116,6 +126,8 @@ class JobDetail(BaseModel):
     reports: list[ReportRef] = Field(default_factory=list)
     alerts: list[AlertState] = Field(default_factory=list)
     actions: list[ActionState] = Field(default_factory=list)
+    bus_gaps: list[BusGap] = Field(default_factory=list, description="several replicas: records of this job the "
+                                   "line bus lost before its owner applied them (also noted in its reports)")
 
 
 class TemplateItem(BaseModel):

@@ -54,7 +54,7 @@ class Services:
     @classmethod
     def open(cls, settings: Settings) -> Services:
         metrics = Metrics(replica=replica_id(settings) if settings.bus.url else "")
-        db = open_db(settings.store.location, settings.store.pool_size)
+        db = open_db(settings.store.location, settings.store.pool_size, settings.store.timeout_s)
         incidents = IncidentStore(db)
         jobs = _job_manager(settings, db, incidents, metrics)
         responder = Responder(db, settings, public_url=settings.server.public_url,
@@ -90,6 +90,7 @@ class Services:
     def _gauges(self) -> dict[str, Any]:
         state = self.jobs.state_gauges()
         state["Whether the engine is loaded|logdx_ready"] = 1.0 if self.engine is not None else 0.0
+        state["Uploads in progress|logdx_uploads_in_progress"] = float(self.jobs.active_uploads())
         state["Alerts waiting for delivery|logdx_alerts_pending"] = float(self.responder.outbox.pending_count())
         cluster = self.cluster
         if cluster is not None:
@@ -102,6 +103,14 @@ class Services:
                 cluster.takeovers)
             state["Lines applied to the sessions of this replica's partitions since it started|"
                   "logdx_bus_applied_lines"] = float(cluster.applied_lines)
+            state["Whether this replica is connected to NATS|logdx_bus_connected"] = float(cluster.bus.connected)
+            usage = cluster.bus.usage(max_age_s=1.0)
+            if usage is not None:
+                state["Bytes the line bus's stream holds (records not yet saved by their owner)|"
+                      "logdx_bus_stored_bytes"] = float(usage.bytes)
+                state["Records the line bus's stream holds|logdx_bus_stored_records"] = float(usage.records)
+                state["The stream's size limit in bytes (0: none of its own)|logdx_bus_max_bytes"] = float(
+                    usage.max_bytes)
         return state
 
     # -- life cycle ---------------------------------------------------------------------------

@@ -282,7 +282,7 @@ async def post_logs(
         job.inflight_keys.discard(key)  # the duplicate check below must not see this request itself
         try:
             previous = await services.run_locked(job, services.jobs.duplicate_of, job, key)
-        except ApiError:
+        except BaseException:  # a refusal, a store outage, a cancelled request: the part is released alike
             receiver._release()
             raise
         job.inflight_keys.add(key)

@@ -68,6 +68,34 @@ PG_MIGRATIONS = [
         PRIMARY KEY (job_id, key)
     );
     """,
+    # No silent gap, and a bus that is emptied as owners save (logdx.bus.jetstream):
+    # - bus_partitions.keep_from: the first stream record the partition still needs (the one after its
+    #   snapshot, or the first DATA of a request not yet ended); the stream is purged below the least
+    #   of all partitions'. stream_created: the stream the positions refer to (another one: reset).
+    # - job_sessions.pending_seq: the first DATA record of the job's requests not yet ended.
+    # - bus_job_acks: lines acknowledged to clients per job (counted once per Idempotency-Key), so that
+    #   the owner can tell at the job's end whether every acknowledged line reached it.
+    # - bus_gaps: what an owner found missing, per job (the job's state, and notes in its reports).
+    """
+    ALTER TABLE bus_partitions ADD COLUMN keep_from BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE bus_partitions ADD COLUMN stream_created TEXT NOT NULL DEFAULT '';
+    ALTER TABLE job_sessions ADD COLUMN pending_seq BIGINT;
+    CREATE TABLE bus_job_acks (
+        job_id   TEXT PRIMARY KEY,
+        lines    BIGINT NOT NULL DEFAULT 0,
+        requests BIGINT NOT NULL DEFAULT 0
+    );
+    CREATE TABLE bus_gaps (
+        id        BIGSERIAL PRIMARY KEY,
+        job_id    TEXT NOT NULL,
+        partition INTEGER NOT NULL,
+        found_at  DOUBLE PRECISION NOT NULL,
+        kind      TEXT NOT NULL,
+        lines     BIGINT,
+        detail    TEXT NOT NULL
+    );
+    CREATE INDEX bus_gaps_job ON bus_gaps(job_id);
+    """,
 ]
 _NOW = "EXTRACT(EPOCH FROM clock_timestamp())::double precision"
 WORKER_ROLES = ("worker", "all")
@@ -78,6 +106,7 @@ class Claim:
     partition: int
     epoch: int
     snapshot_seq: int
+    stream_created: str = ""  # the stream `snapshot_seq` refers to ("" when never saved)
 
 
 @dataclass(slots=True)
@@ -88,6 +117,7 @@ class SavedJob:
     seq: int
     session: bytes
     bus_state: dict[str, Any]
+    pending_seq: int | None = None  # the first DATA record of a request not ended yet
 
 
 @dataclass(slots=True)
@@ -139,14 +169,14 @@ class Ownership:
             f"SELECT COUNT(*) FROM cluster_replicas WHERE role IN ('worker', 'all') AND stopped_at IS NULL"
             f" AND heartbeat_at >= {_NOW} - ?", (self.lease_s,)) or 0)
 
-    def dead_replicas(self, among: Iterable[str]) -> set[str]:
-        """Which of these replicas stopped or stopped beating (their unfinished uploads are void)."""
+    def dead_replicas(self, among: Iterable[str], silent_s: float | None = None) -> set[str]:
+        """Which of these replicas stopped, or have not beaten for `silent_s` (default `lease_s`)."""
         ids = sorted(set(among))
         if not ids:
             return set()
         alive = {r["replica"] for r in self.db.query(
             f"SELECT replica FROM cluster_replicas WHERE replica = ANY(?) AND stopped_at IS NULL"
-            f" AND heartbeat_at >= {_NOW} - ?", (ids, self.lease_s))}
+            f" AND heartbeat_at >= {_NOW} - ?", (ids, self.lease_s if silent_s is None else silent_s))}
         return set(ids) - alive
 
     def fair_share(self) -> tuple[int, int]:
@@ -172,11 +202,12 @@ class Ownership:
             " AND epoch = ANY(?) RETURNING partition", (self.lease_s, list(owned), self.replica, list(owned.values())))}
         return set(owned) - kept
 
-    def claimable(self) -> list[int]:
-        """Partitions nobody holds a live lease on, starting at an offset of this replica's own so
-        that replicas starting together reach for different ones first."""
-        rows = self.db.query(f"SELECT partition FROM bus_partitions WHERE owner IS NULL OR lease_until < {_NOW}"
-                             " ORDER BY partition")
+    def claimable(self, held: bool = True) -> list[int]:
+        """Partitions nobody holds a live lease on (`held`: also those whose owner let its lease run
+        out; else only those nobody owns), starting at an offset of this replica's own so that
+        replicas starting together reach for different ones first."""
+        expired = f" OR lease_until < {_NOW}" if held else ""
+        rows = self.db.query(f"SELECT partition FROM bus_partitions WHERE owner IS NULL{expired} ORDER BY partition")
         free = [r["partition"] for r in rows]
         if not free:
             return []
@@ -187,10 +218,11 @@ class Ownership:
         row = self.db.query(
             f"UPDATE bus_partitions SET previous_owner = owner, owner = ?, epoch = epoch + 1,"
             f" lease_until = {_NOW} + ?, taken_at = {_NOW} WHERE partition = ? AND (owner IS NULL"
-            f" OR lease_until < {_NOW}) RETURNING epoch, snapshot_seq", (self.replica, self.lease_s, partition))
+            f" OR lease_until < {_NOW}) RETURNING epoch, snapshot_seq, stream_created",
+            (self.replica, self.lease_s, partition))
         if not row:
             return None
-        return Claim(partition, int(row[0]["epoch"]), int(row[0]["snapshot_seq"]))
+        return Claim(partition, int(row[0]["epoch"]), int(row[0]["snapshot_seq"]), str(row[0]["stream_created"]))
 
     def release(self, partition: int, epoch: int) -> None:
         self.db.execute("UPDATE bus_partitions SET owner = NULL, lease_until = 0 WHERE partition = ? AND owner = ?"
@@ -198,10 +230,13 @@ class Ownership:
 
     # -- snapshots ------------------------------------------------------------------------------
 
-    def save_snapshot(self, partition: int, epoch: int, seq: int | None, jobs: list[SavedJob]) -> bool:
+    def save_snapshot(self, partition: int, epoch: int, seq: int | None, jobs: list[SavedJob],
+                      stream_created: str = "") -> bool:
         """Save these jobs' sessions and mark the partition saved through `seq` (None: only the jobs,
         an eviction), in one transaction, only while this replica still owns it at `epoch`; False
-        when it does not (nothing saved)."""
+        when it does not (nothing saved). The partition's `keep_from` (what the stream must still
+        hold for it) becomes the record after `seq`, or the first DATA of a request of its jobs that
+        has not ended, whichever comes first."""
         with self.db.transaction() as tx:
             row = tx.execute("SELECT owner, epoch FROM bus_partitions WHERE partition = ? FOR UPDATE",
                              (partition,)).fetchone()
@@ -209,14 +244,58 @@ class Ownership:
                 return False
             for job in jobs:
                 tx.execute(
-                    f"INSERT INTO job_sessions(job_id, partition, seq, saved_at, session, bus_state)"
-                    f" VALUES (?,?,?,{_NOW},?,?) ON CONFLICT(job_id) DO UPDATE SET seq = excluded.seq,"
-                    " saved_at = excluded.saved_at, session = excluded.session, bus_state = excluded.bus_state",
-                    (job.job_id, partition, job.seq, job.session, json.dumps(job.bus_state)))
+                    f"INSERT INTO job_sessions(job_id, partition, seq, saved_at, session, bus_state, pending_seq)"
+                    f" VALUES (?,?,?,{_NOW},?,?,?) ON CONFLICT(job_id) DO UPDATE SET seq = excluded.seq,"
+                    " saved_at = excluded.saved_at, session = excluded.session, bus_state = excluded.bus_state,"
+                    " pending_seq = excluded.pending_seq",
+                    (job.job_id, partition, job.seq, job.session, json.dumps(job.bus_state), job.pending_seq))
             if seq is not None:
-                tx.execute(f"UPDATE bus_partitions SET snapshot_seq = ?, applied_seq = ?, snapshot_at = {_NOW}"
-                           " WHERE partition = ?", (seq, seq, partition))
+                tx.execute(
+                    f"UPDATE bus_partitions SET snapshot_seq = ?, applied_seq = ?, snapshot_at = {_NOW},"
+                    " keep_from = LEAST(?, COALESCE((SELECT MIN(pending_seq) FROM job_sessions WHERE partition = ?),"
+                    " ?)), stream_created = ? WHERE partition = ?",
+                    (seq, seq, seq + 1, partition, seq + 1, stream_created, partition))
         return True
+
+    def purge_floor(self) -> int:
+        """The first stream record any partition still needs: every record before it is saved in a
+        snapshot (or belongs to a job that ended), so the stream may drop it."""
+        return int(self.db.query_value("SELECT MIN(keep_from) FROM bus_partitions") or 0)
+
+    def reset_partition(self, partition: int, epoch: int) -> list[str]:
+        """The stream was replaced or lost its newest records: the partition's saved positions mean
+        nothing in it. Positions go back to its start, requests that had not ended are dropped (their
+        records are gone); returns the partition's open jobs (each to be told)."""
+        with self.db.transaction() as tx:
+            row = tx.execute("SELECT owner, epoch FROM bus_partitions WHERE partition = ? FOR UPDATE",
+                             (partition,)).fetchone()
+            if row is None or row["owner"] != self.replica or int(row["epoch"]) != epoch:
+                return []
+            jobs = tx.execute("SELECT s.job_id, s.bus_state FROM job_sessions s JOIN api_jobs j ON j.job_id = s.job_id"
+                              " WHERE s.partition = ? AND j.state = 'open'", (partition,)).fetchall()
+            for job in jobs:
+                state = json.loads(job["bus_state"] or "{}")
+                state["pending"] = {}
+                tx.execute("UPDATE job_sessions SET seq = 0, pending_seq = NULL, bus_state = ? WHERE job_id = ?",
+                           (json.dumps(state), job["job_id"]))
+            tx.execute("UPDATE bus_partitions SET snapshot_seq = 0, applied_seq = 0, keep_from = 0,"
+                       " stream_created = '' WHERE partition = ?", (partition,))
+        return [job["job_id"] for job in jobs]
+
+    # -- gaps: acknowledged lines that did not reach their owner -----------------------------------
+
+    def record_gap(self, job_id: str, partition: int, kind: str, lines: int | None, detail: str) -> None:
+        self.db.execute(f"INSERT INTO bus_gaps(job_id, partition, found_at, kind, lines, detail)"
+                        f" VALUES (?,?,{_NOW},?,?,?)", (job_id, partition, kind, lines, detail))
+
+    def gaps(self, job_id: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.db.query(
+            "SELECT found_at, kind, lines, detail FROM bus_gaps WHERE job_id = ? ORDER BY id", (job_id,))]
+
+    def acked_lines(self, job_id: str) -> int | None:
+        """Lines acknowledged to clients for this job (None: no upload of it was acknowledged yet)."""
+        value = self.db.query_value("SELECT lines FROM bus_job_acks WHERE job_id = ?", (job_id,))
+        return None if value is None else int(value)
 
     def note_applied(self, partition: int, epoch: int, seq: int) -> None:
         self.db.execute("UPDATE bus_partitions SET applied_seq = ? WHERE partition = ? AND owner = ? AND epoch = ?",
@@ -231,12 +310,18 @@ class Ownership:
     def forget_job(self, job_id: str) -> None:
         self.db.execute("DELETE FROM job_sessions WHERE job_id = ?", (job_id,))
 
+    def forget_job_entirely(self, job_id: str) -> None:
+        """Retention deleted the job: its session, acknowledged-line count and gaps go too."""
+        with self.db.transaction() as tx:
+            for table in ("job_sessions", "bus_job_acks", "bus_gaps"):
+                tx.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
+
     # -- reading --------------------------------------------------------------------------------
 
     def partitions_table(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.db.query(
             f"SELECT partition, owner, epoch, lease_until - {_NOW} AS lease_left_s, taken_at, snapshot_seq,"
-            " snapshot_at, applied_seq, previous_owner FROM bus_partitions ORDER BY partition")]
+            " snapshot_at, applied_seq, keep_from, previous_owner FROM bus_partitions ORDER BY partition")]
 
     def replicas_table(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.db.query(
@@ -250,6 +335,17 @@ class Ownership:
         row = self.db.query_value("SELECT result FROM upload_keys WHERE job_id = ? AND key = ?", (job_id, key))
         return json.loads(row) if row else None
 
-    def commit_upload(self, job_id: str, key: str, result: dict[str, Any]) -> None:
-        self.db.execute(f"INSERT INTO upload_keys(job_id, key, result, created_at) VALUES (?,?,?,{_NOW})"
-                        " ON CONFLICT DO NOTHING", (job_id, key, json.dumps(result)))
+    def acknowledged(self, job_id: str, lines: int, key: str | None, result: dict[str, Any]) -> None:
+        """An upload's lines are acknowledged (JetStream has its END): remember its Idempotency-Key
+        (answers retries beyond the duplicate window) and count its lines for the job, once per key,
+        in one statement."""
+        count = ("INSERT INTO bus_job_acks(job_id, lines, requests) {} ON CONFLICT(job_id) DO UPDATE SET"
+                 " lines = bus_job_acks.lines + excluded.lines, requests = bus_job_acks.requests + 1")
+        if key is None:
+            self.db.execute(count.format("VALUES (?, ?, 1)"), (job_id, lines))
+            return
+        self.db.execute(
+            f"WITH k AS (INSERT INTO upload_keys(job_id, key, result, created_at) VALUES (?,?,?,{_NOW})"
+            " ON CONFLICT DO NOTHING RETURNING 1) "
+            + count.format("SELECT ?, ?, 1 WHERE EXISTS (SELECT 1 FROM k)"),
+            (job_id, key, json.dumps(result), job_id, lines))

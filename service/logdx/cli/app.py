@@ -25,6 +25,8 @@ _DIAGNOSE_SUBCOMMANDS = frozenset({"incidents", "feedback", "rules"})
 
 
 def build_parser(prog: str = "logdx") -> argparse.ArgumentParser:
+    from logdx.agent.cli import add_mcp_parser  # light, like the others: the SDK loads only when mcp runs
+
     parser = Parser(prog=prog, description=_DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"logdx {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
@@ -34,6 +36,7 @@ def build_parser(prog: str = "logdx") -> argparse.ArgumentParser:
     add_node_parsers(sub, Parser)
     add_run_parser(sub)
     add_serve_parser(sub)
+    add_mcp_parser(sub)
     return parser
 
 

@@ -20,9 +20,11 @@ Used by the HTTP service (`logdx.api.ingest`), the CLI (`diagnose --format`) and
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
+from logdx.formats import wire
 from logdx.formats.base import DEFAULT_JOB_KEYS, Batch, Format, FormatError, Meta, Parser, Run
 from logdx.formats.fluent_msgpack import FLUENT_MSGPACK
 from logdx.formats.loki import LOKI_JSON, LOKI_PROTOBUF
@@ -41,6 +43,10 @@ _ALIASES = {"json": "ndjson", "jsonl": "ndjson", "fluentbit": "msgpack"}
 SNIFF_BYTES = 256
 # Recognised by their first bytes alone, in this order (a JSON document's key, msgpack's event head).
 _DOCUMENT_SNIFFS = (OTLP_JSON, LOKI_JSON)
+# Binary bodies a file may hold (a saved request): recognised by their structure, never read as text.
+# (Protobuf has no magic bytes, so which message it is cannot be told over HTTP: the endpoint says.)
+_BINARY_SNIFFS: tuple[tuple[Format, Callable[[bytes], bool]], ...] = (
+    (OTLP_PROTOBUF, wire.looks_otlp_protobuf), (LOKI_PROTOBUF, wire.looks_loki_protobuf))
 
 
 def names() -> list[str]:
@@ -58,9 +64,15 @@ def by_name(name: str) -> Format:
     return fmt
 
 
+_JSON_KEY_START = re.compile(rb'\{\s*"[^"\n\\]{1,200}"\s*:')
+
+
 def _looks_ndjson(head: bytes) -> bool:
-    """The first line is one whole JSON object (a text log line rarely is)."""
+    """The first line is one whole JSON object (a text log line rarely is), or, when the first record
+    is longer than the head, starts like one (`{"key":`)."""
     first = head.lstrip().split(b"\n", 1)
+    if first[0].startswith(b"{") and len(first) < 2 and len(head) >= SNIFF_BYTES:
+        return _JSON_KEY_START.match(first[0]) is not None
     if not first[0].startswith(b"{") or len(first) < 2:
         return head.lstrip().startswith(b"[{") or head.lstrip().startswith(b"[\n")
     try:
@@ -78,6 +90,9 @@ def _sniff_any(head: bytes) -> Format:
     """An input nothing describes (a file, an octet stream): its first bytes decide; text otherwise."""
     if FLUENT_MSGPACK.sniff is not None and FLUENT_MSGPACK.sniff(head):
         return FLUENT_MSGPACK
+    for fmt, looks_like in _BINARY_SNIFFS:
+        if looks_like(head):
+            return fmt
     for fmt in _DOCUMENT_SNIFFS:
         if fmt.sniff is not None and fmt.sniff(head):
             return fmt

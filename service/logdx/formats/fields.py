@@ -3,12 +3,13 @@ common shippers shape it: which field is the line, the host, the rank, the time,
 
 - line: the first *string* among `message`, `log`, `msg`, `MESSAGE` (journald), `short_message`
   (GELF), `line`; so ECS's `log` object never hides `message`;
-- host: `host`, `hostname`, `_HOSTNAME` (journald), ECS `host.name`, `kubernetes.host`,
+- host: `host`, `hostname`, `_HOSTNAME` (journald; `_hostname` when Fluent Bit's systemd input
+  lowercases keys), ECS `host.name`, `kubernetes.host`,
   `kubernetes.pod_node_name`, OpenTelemetry `host.name` / `k8s.node.name`; always a plain host name
   (`logdx.hosts.clean_hostname`): a range or a list is no host;
 - rank: `rank`, `RANK`; a pod name's ordinal only when configured;
 - time: epoch seconds, ms, us or ns (told apart by size) or RFC 3339 text, from `ts`, `timestamp`,
-  `date`, `time`, `@timestamp`, `__REALTIME_TIMESTAMP` (journald);
+  `date`, `time`, `@timestamp`, `__REALTIME_TIMESTAMP` (journald; lowercased too);
 - job: the request's, else the first of `Meta.job_keys` the record has.
 
 A dotted key is looked up flat first ("k8s.job.name" as OTLP writes it), then as a path into nested
@@ -31,10 +32,10 @@ from logdx.normalize import Source
 MAX_RANK = 1 << 24
 MAX_JOB_ID = 128
 MESSAGE_KEYS = ("message", "log", "msg", "MESSAGE", "short_message", "line")
-HOST_KEYS = ("host", "hostname", "_HOSTNAME", "host.name", "k8s.node.name", "kubernetes.host",
+HOST_KEYS = ("host", "hostname", "_HOSTNAME", "_hostname", "host.name", "k8s.node.name", "kubernetes.host",
              "kubernetes.pod_node_name")
 RANK_KEYS = ("rank", "RANK")
-TS_KEYS = ("ts", "timestamp", "date", "time", "@timestamp", "__REALTIME_TIMESTAMP")
+TS_KEYS = ("ts", "timestamp", "date", "time", "@timestamp", "__REALTIME_TIMESTAMP", "__realtime_timestamp")
 POD_KEYS = ("kubernetes.pod_name", "k8s.pod.name")
 _ORDINAL = re.compile(r"-(\d{1,6})$")
 

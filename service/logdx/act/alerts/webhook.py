@@ -2,14 +2,14 @@
 (https://www.standardwebhooks.com): headers `webhook-id` (stable across retries: the receiver's
 idempotency key), `webhook-timestamp` (the attempt's time, unix seconds) and
 `webhook-signature: v1,<base64 HMAC-SHA256>` of `"{webhook-id}.{webhook-timestamp}.{body}"`, keyed
-by the secret `whsec_<base64 key>`. `verify()` is the receiver's side, for tests and for users'
-own receivers."""
+by the secret `whsec_<base64 key>` (checked when the settings load: `config.WebhookDestination`).
+
+Signatures are made by the specification's own library (`standardwebhooks`), so they are what every
+official verifier computes. `verify()` is the receiver's side, for tests and for users' own
+receivers, with a tolerance of its own."""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import hmac
 import json
 import time
@@ -17,31 +17,21 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
+from standardwebhooks import Webhook
+from standardwebhooks.webhooks import EmptyWebhookSecretError
+
 from logdx.act.alerts.base import Alert, dest_key, redact_origin
 from logdx.act.render import recommended_action
 
 EVENT_TYPE = "logdx.diagnosis"
 RESOLVED_TYPE = "logdx.resolved"
-_SECRET_PREFIX = "whsec_"
-
-
-def _secret_key(secret: str) -> bytes:
-    """The HMAC key of a `whsec_<base64>` secret (a secret that is not base64 is used as bytes)."""
-    raw = secret[len(_SECRET_PREFIX):] if secret.startswith(_SECRET_PREFIX) else secret
-    try:
-        key = base64.b64decode(raw + "=" * (-len(raw) % 4), validate=True)
-    except (binascii.Error, ValueError):
-        key = raw.encode()
-    if not key:
-        raise ValueError("webhook secret is empty")
-    return key
 
 
 def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
-    """The `webhook-signature` header value: `v1,<base64 HMAC-SHA256 of "{id}.{ts}.{body}">`."""
-    to_sign = f"{msg_id}.{int(timestamp)}.".encode() + body
-    digest = hmac.new(_secret_key(secret), to_sign, hashlib.sha256).digest()
-    return "v1," + base64.b64encode(digest).decode("ascii")
+    """The `webhook-signature` header value: `v1,<base64 HMAC-SHA256 of "{id}.{ts}.{body}">`.
+    `body` is UTF-8 (the JSON logdx sends)."""
+    when = datetime.fromtimestamp(int(timestamp), tz=UTC)
+    return Webhook(secret).sign(msg_id, when, body.decode("utf-8"))
 
 
 def verify(secret: str, headers: Mapping[str, str], body: bytes, tolerance_s: int = 300) -> bool:
@@ -62,7 +52,7 @@ def verify(secret: str, headers: Mapping[str, str], body: bytes, tolerance_s: in
         return False
     try:
         expected = sign(secret, msg_id, timestamp, body).split(",", 1)[1].encode()
-    except ValueError:
+    except (ValueError, UnicodeDecodeError, EmptyWebhookSecretError):
         return False
     for versioned in sigs.split(" "):
         version, _, sig = versioned.partition(",")
