@@ -245,13 +245,20 @@ IMPORT_ERROR = ["Traceback (most recent call last):", '  File "/home/u/train.py"
 
 def test_a_startup_failure_is_buried_before_any_training_step() -> None:
     buf = io.StringIO()
-    truth = bury(IMPORT_ERROR, buf, seed=3, ranks=16, lines=3000, style="torchrun", realism=True, phase="startup",
+    truth = bury(IMPORT_ERROR, buf, seed=3, ranks=16, lines=3000, style="torchrun", realism=True, phase="launch",
                  flavour="plain")
     lines = buf.getvalue().split("\n")
     root = truth.root_line_no_for(IMPORT_ERROR[-1])
     assert root is not None
     assert not any(PLAIN_STEP.search(line) for line in lines[: root - 1])
     assert not any(WATCHDOG.search(line) for line in lines), "nobody was in a collective yet"
+    assert not any("train.py:88 - rank" in line for line in lines), "the workers died before the banner"
+    buf = io.StringIO()
+    later = bury(IMPORT_ERROR, buf, seed=3, ranks=16, lines=3000, style="torchrun", realism=True, phase="startup",
+                 flavour="plain")
+    lines = buf.getvalue().split("\n")
+    before = lines[: later.root_line_no_for(IMPORT_ERROR[-1]) - 1]  # type: ignore[operator]
+    assert any("train.py:88 - rank" in line for line in before) and not any(PLAIN_STEP.search(x) for x in before)
 
 
 def test_a_healthy_excerpt_is_buried_in_a_run_that_ends_well() -> None:

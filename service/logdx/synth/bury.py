@@ -28,8 +28,10 @@ under tens of thousands of others from many ranks, then under the symptoms of th
 
 ``realism=True`` adds what real multi-node jobs print and run past (``noise.Realism``: the c10d store's
 connect-refused retries at start-up, retried downloads, IB port flaps, fp16 overflow skips...);
-``phase="startup"`` buries the lines where start-up failures happen (after the launchers and the
-rendezvous, before training, and without watchdog timeouts: nobody is in a collective yet);
+``phase`` buries the lines where the failure happens: ``launch`` right after the launchers and the
+rendezvous (import, syntax, argument errors), ``startup`` after the framework's banner (environment,
+version errors), both before NCCL and training and without watchdog timeouts (nobody is in a
+collective yet); ``training`` (the default) after hours of training;
 ``healthy=True`` is for excerpts of runs that went on: no cascade, training resumes after the real
 lines and the job ends well (``BuriedTruth.exit_code`` 0).
 
@@ -291,8 +293,8 @@ def bury(
     lines where start-up failures happen (after the launchers and the rendezvous, before training).
     ``healthy`` is for excerpts of runs that went on: no cascade; training resumes after the real lines
     and the job ends well (exit code 0). ``nccl_debug=False`` leaves out the NCCL INFO init lines."""
-    if phase not in ("training", "startup"):
-        raise ValueError("phase must be 'training' or 'startup'")
+    if phase not in ("training", "startup", "launch"):
+        raise ValueError("phase must be 'training', 'startup' or 'launch'")
     if healthy:
         cascade = False
     if not real_lines:
@@ -355,7 +357,7 @@ def bury(
 
     # The rest of the job meanwhile: the other ranks print their progress line of the step in
     # progress (the culprit never gets there) and the odd warning, interleaving with the real lines.
-    if phase == "training":
+    if phase == "training":  # (at start-up or launch nobody prints progress yet)
         job.begin_step()
         for rank in range(c.world_size) if job.flavour.per_rank_lines else ():
             if rank != culprit_rank and rng.random() < 0.85:
@@ -388,7 +390,7 @@ def bury(
         finish_healthy(job)
         if job.realism is not None:
             job.realism.at_finish(job)
-    elif rng.random() < 0.5:
+    elif rng.random() < 0.5 and phase != "launch":  # wandb only runs once the script got going
         _epilogue(job)
     job.sink.flush()
 
@@ -429,15 +431,13 @@ def _healthy_part(job: Job, budget: int, *, realism: bool = False, phase: str = 
     launcher_startup(job)
     if profile is not None:
         profile.at_launch(job)
-    if phase == "startup":  # an import or argument error: the workers die before the framework's banner ends
-        if job.rng.random() < 0.5:
-            framework_startup(job)
-            if profile is not None:
-                profile.at_startup(job)
+    if phase == "launch":  # an import, syntax or argument error: the workers die as they start
         return job.now + job.rng.uniform(1.0, 20.0)
     framework_startup(job)
     if profile is not None:
         profile.at_startup(job)
+    if phase == "startup":  # an environment or version error: after the banner, before NCCL and training
+        return job.now + job.rng.uniform(1.0, 20.0)
     if nccl_debug:
         nccl_init(job)
     train_until(job, budget)
