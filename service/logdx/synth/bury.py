@@ -428,6 +428,8 @@ def _healthy_part(job: Job, budget: int, *, realism: bool = False, phase: str = 
     Both passes of ``bury`` run it on identically seeded jobs: it must draw the same numbers."""
     job.nccl_debug = nccl_debug
     profile = new_realism(job, steps=expected_steps(job, lines)) if realism else None
+    if profile is not None:
+        profile.at_begin(job)
     launcher_startup(job)
     if profile is not None:
         profile.at_launch(job)

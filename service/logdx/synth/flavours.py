@@ -36,6 +36,7 @@ class Flavour:
     iters_per_step = 1  # iterations between two progress lines
     collectives_per_iteration = 3
     per_rank_lines = True  # every rank prints a line per step (else only ``log_rank``'s summary)
+    names_hosts = True  # its banner says on which host each rank runs ("rank 5/16 ... on node-03")
     fp16 = False  # dynamic loss scaling (overflow skips); whole-job generators switch it on
 
     def __init__(self, rng: Random, cluster: Cluster) -> None:
@@ -203,6 +204,7 @@ class Flavour:
 
 class Megatron(Flavour):
     name = "megatron"
+    names_hosts = False
     entry = "/workspace/Megatron-LM/pretrain_gpt.py"
     lib = "/usr/local/lib/python3.10/dist-packages"  # NGC containers install into dist-packages
     python = "/usr/bin/python"
@@ -416,6 +418,7 @@ class Megatron(Flavour):
 
 class DeepSpeed(Flavour):
     name = "deepspeed"
+    names_hosts = False
     lib = "/opt/conda/lib/python3.10/site-packages"
     python = "/opt/conda/bin/python"
     carets = False
@@ -600,6 +603,7 @@ class FSDP(Flavour):
     """A torchtitan-style FSDP2 loop: every rank logs its own step line."""
 
     name = "fsdp"
+    names_hosts = False
     entry = f"{USER_ROOT}/train_fsdp.py"
     lib = "/opt/venv/lib/python3.11/site-packages"
     python = "/opt/venv/bin/python"
@@ -693,6 +697,7 @@ class FSDP(Flavour):
 
 class Lightning(Flavour):
     name = "lightning"
+    names_hosts = False
     entry = f"{USER_ROOT}/lit_train.py"
     lib = "/opt/conda/envs/train/lib/python3.11/site-packages"
     python = "/opt/conda/envs/train/bin/python"
@@ -852,6 +857,7 @@ class HFTrainer(Flavour):
     Do not forget to share your model on huggingface.co/models =)``) as users paste them."""
 
     name = "hf"
+    names_hosts = False
     entry = f"{USER_ROOT}/train_hf.py"
     lib = "/opt/conda/lib/python3.11/site-packages"
     python = "/opt/conda/bin/python"
@@ -963,6 +969,15 @@ class HFTrainer(Flavour):
             (f"{self.lib}/torch/utils/data/dataloader.py", 701, "__next__", "data = self._next_data()"),
         ]
 
+    def user_call_frames(self, call: str) -> list[Frame]:
+        """The user's Trainer subclass: its ``compute_loss`` override."""
+        hf = f"{self.lib}/transformers/trainer.py"
+        return self.loop_frames() + [
+            (hf, 2279, "_inner_training_loop", "tr_loss_step = self.training_step(model, inputs)"),
+            (hf, 3318, "training_step", "loss = self.compute_loss(model, inputs)"),
+            (self.entry, 142, "compute_loss", call),
+        ]
+
 
 class NeMo(Flavour):
     """NeMo's Megatron GPT pre-training (Lightning underneath): ``[NeMo I <date> <module>:<line>]``
@@ -971,6 +986,7 @@ class NeMo(Flavour):
     as in NVIDIA's and cloud vendors' published NeMo logs)."""
 
     name = "nemo"
+    names_hosts = False
     entry = "/opt/NeMo/examples/nlp/language_modeling/megatron_gpt_pretraining.py"
     lib = "/usr/local/lib/python3.10/dist-packages"
     python = "/usr/bin/python"
@@ -1070,6 +1086,16 @@ class NeMo(Flavour):
             (f"{pl}/loops/fit_loop.py", 205, "run", "self.advance()"),
             (f"{pl}/loops/training_epoch_loop.py", 250, "advance",
              "batch_output = self.automatic_optimization.run(trainer.optimizers[0], batch_idx, kwargs)"),
+        ]
+
+    def user_call_frames(self, call: str) -> list[Frame]:
+        """The user's own Lightning callback, called at every batch."""
+        pl = f"{self.lib}/lightning/pytorch"
+        return self.loop_frames()[:-1] + [
+            (f"{pl}/loops/training_epoch_loop.py", 226, "advance",
+             'call._call_callback_hooks(trainer, "on_train_batch_start", batch, batch_idx)'),
+            (f"{pl}/trainer/call.py", 218, "_call_callback_hooks", "fn(trainer, trainer.lightning_module, *args, **kwargs)"),
+            (f"{USER_ROOT}/project/callbacks.py", 58, "on_train_batch_start", call),
         ]
 
 

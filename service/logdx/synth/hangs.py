@@ -146,7 +146,6 @@ def silent_rank_hang(out: TextIO, *, seed: int, flavour: str, style: str, ranks:
     last = step_tracking(job)  # the last step every rank finished
     root_nos = [last[culprit]] if culprit in last else []
     if gap:
-        job.now += job.step_ms * job.flavour.iters_per_step / 1000.0
         step_tracking(job, skip=culprit)  # the others get one step further
     seq = job.seq + 1  # the collective the culprit never joins
     t_stuck = job.now + rng.uniform(0.2, 2.0)
@@ -344,7 +343,7 @@ def pyspy_dump(job: Job, rank: int, threads: list[tuple[str, str, list[Frame]]])
     c = job.cluster
     pid = c.worker_pids[rank]
     version = re.search(r"python(3\.\d+)", job.lib)
-    ver = f"{version.group(1) if version else '3.10'}.{job.rng.randrange(4, 15)}"
+    ver = f"{version.group(1) if version else '3.10'}.{4 + c.slurm_job_id % 11}"  # one interpreter for the job
     out = [f"Process {pid}: {job.python} -u {job.flavour.entry} --config configs/{job.run_name}.yaml",
            f"Python v{ver} ({job.python})", ""]
     for i, (name, state, frames) in enumerate(threads):
@@ -388,7 +387,6 @@ def stack_hang(out: TextIO, *, seed: int, flavour: str, style: str, ranks: int, 
     gap = rng.random() < 0.5
     step_tracking(job)
     if gap:
-        job.now += job.step_ms * job.flavour.iters_per_step / 1000.0
         step_tracking(job, skip=culprit)
     seq = job.seq + 1
     t_stuck = job.now + rng.uniform(0.2, 2.0)

@@ -88,6 +88,7 @@ def start_job(out: TextIO, *, name: str, seed: int, ranks: int, lines: int, styl
     if prepare is not None:
         prepare(job)
     realism = new_realism(job, steps=expected_steps(job, lines), exclude=exclude)
+    realism.at_begin(job)
     launcher_startup(job)
     realism.at_launch(job)
     framework_startup(job)
@@ -118,11 +119,11 @@ def log_interval(job: Job) -> int:
 
 
 def host_named(job: Job, rank: int, *, launcher_names_it: bool = False) -> bool:
-    """Whether the log ties ``rank`` to its host: hosts in the prefixes, NCCL INFO lines
+    """Whether the log ties ``rank`` to its host: hosts in the prefixes, the framework's banner, NCCL INFO lines
     (``node-03:1234:1234 [2] NCCL INFO ... rank 17 nranks 64``), srun's per-host task lines, an NCCL WARN
     of the IB port flap on its node (printed with the rank's prefix), or a launcher line naming both
     (``launcher_names_it``: torchrun's failure box, mpirun's "process rank N ... on node H")."""
-    if job.nccl_debug or launcher_names_it or job.style.name in ("pdsh", "pdsh_torchrun", "srun"):
+    if job.nccl_debug or launcher_names_it or job.flavour.names_hosts or job.style.name in ("pdsh", "pdsh_torchrun", "srun"):
         return True
     r = job.realism
     return (r is not None and "ib_flap" in r.families and 0 <= r.ib_flap_step < job.step

@@ -10,6 +10,9 @@ and the healthy part of the log calls its hooks: ``at_launch`` (after the launch
 Every family is something a job recovers from or ignores: none of them is ever the root cause, and
 none ends a rank's progress. The message strings are the real ones; where each family comes from:
 
+``job_preamble``    what the batch script prints before launching: its own echo lines (job id, nodes,
+                    ``MASTER_ADDR``) and the ``nvidia-smi`` table of the first node (driver's standard
+                    layout, with its ``Volatile Uncorr. ECC`` column and ``No running processes found``).
 ``store_retries``   torch's c10d TCPStore client while the rendezvous store is not up yet:
                     ``[W socket.cpp:663] [c10d] The client socket has failed to connect to [host]:29500
                     (errno: 111 - Connection refused).`` (torch 2.1-2.3; torch >= 2.4 stamps it
@@ -80,7 +83,7 @@ from dataclasses import dataclass, field
 from logdx.synth.job import Job
 from logdx.synth.sink import Burst
 
-FAMILIES = ("store_retries", "srun_step_retry", "ssh_known_hosts", "openmpi_openib", "hub_retries", "s3_retries",
+FAMILIES = ("job_preamble", "store_retries", "srun_step_retry", "ssh_known_hosts", "openmpi_openib", "hub_retries", "s3_retries",
             "wandb_retries", "ib_flap", "overflow", "deprecations", "batch_size_finder", "error_words", "grad_clip",
             "spike", "exit_warnings")
 
@@ -136,7 +139,7 @@ class Realism:
             chosen.add("ssh_known_hosts")
         if style.launcher == "mpirun" and rng.random() < 0.7:
             chosen.add("openmpi_openib")
-        for name, p in (("hub_retries", 0.45), ("s3_retries", 0.35), ("wandb_retries", 0.45), ("ib_flap", 0.35),
+        for name, p in (("job_preamble", 0.5), ("hub_retries", 0.45), ("s3_retries", 0.35), ("wandb_retries", 0.45), ("ib_flap", 0.35),
                         ("deprecations", 0.7), ("error_words", 0.5), ("exit_warnings", 0.9)):
             if rng.random() < p:
                 chosen.add(name)
@@ -172,6 +175,12 @@ class Realism:
             job.step_hooks.append(self.megatron_scaler)
 
     # -- hooks ---------------------------------------------------------------------------------
+
+    def at_begin(self, job: Job) -> None:
+        """Before the launchers: the batch script's own lines."""
+        if "job_preamble" in self.families:
+            for line in _preamble(job):
+                job.sink.emit(line)
 
     def at_launch(self, job: Job) -> None:
         """After the launchers' banner, before the ranks have met: scheduler, ssh and store noise."""
@@ -330,6 +339,43 @@ class Realism:
             self.iters_since_skip = 0
         job.skipped_iters = skips
         job.loss_scale = float(2 ** self.scale_pow)
+
+
+def _preamble(job: Job) -> list[str]:
+    c, rng = job.cluster, job.rng
+    t = job.now - rng.uniform(40.0, 90.0)
+    driver = rng.choice(("535.161.08", "550.54.15", "550.90.07"))
+    cuda = {"535.161.08": "12.2", "550.54.15": "12.4", "550.90.07": "12.4"}[driver]
+    mib = 81559 if c.gpu_model == "H100" else 81920
+    watts = 700 if c.gpu_model == "H100" else 400
+    out = [f"Job {c.slurm_job_id} starting at {job.clock.dmesg(t)} on {c.n_hosts} node(s): {','.join(c.hosts[:8])}"
+           + ("..." if c.n_hosts > 8 else ""),
+           f"MASTER_ADDR={c.hosts[0]} MASTER_PORT={c.master_port} WORLD_SIZE={c.world_size}",
+           f"{job.clock.dmesg(t + 1.0)}       ",
+           "+-----------------------------------------------------------------------------------------+",
+           f"| NVIDIA-SMI {driver}              Driver Version: {driver}      CUDA Version: {cuda}     |",
+           "|-----------------------------------------+------------------------+----------------------+",
+           "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
+           "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
+           "|                                         |                        |               MIG M. |",
+           "|=========================================+========================+======================|"]
+    for g in range(c.gpus_per_host):
+        bus = c.bus_ids[g].upper().replace("0000:", "00000000:")
+        name = f"| {g:>3}  {c.product}"
+        power = f"| N/A   {rng.randrange(28, 40)}C    P0"
+        usage = f"{rng.randrange(60, 120)}W / {watts:>4}W |"
+        out += [f"{name}{'On  |':>{43 - len(name)}}   {bus}.0 Off |                    0 |",
+                f"{power}{usage:>{43 - len(power)}}       1MiB / {mib:>6}MiB |      0%      Default |",
+                "|                                         |                        |             Disabled |",
+                "+-----------------------------------------+------------------------+----------------------+"]
+    out += ["", "+-----------------------------------------------------------------------------------------+",
+            "| Processes:                                                                              |",
+            "|  GPU   GI   CI        PID   Type   Process name                              GPU Memory |",
+            "|        ID   ID                                                               Usage      |",
+            "|=========================================================================================|",
+            "|  No running processes found                                                             |",
+            "+-----------------------------------------------------------------------------------------+"]
+    return out
 
 
 def _urllib3_retry(job: Job) -> str:
