@@ -151,4 +151,6 @@ def test_the_command_line_rejects_bad_input(tmp_path: Path, capsys: pytest.Captu
     assert main(["--sets", "nonsense"]) == 2
     assert "unknown set" in capsys.readouterr().err
     assert main(["--bury", "0"]) == 2
+    assert main(["--sets", "healthy", "--without", "nonsense"]) == 2
+    assert "unknown noise" in capsys.readouterr().err
 

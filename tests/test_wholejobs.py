@@ -288,3 +288,16 @@ def test_realistic_burial_is_deterministic_and_keeps_the_real_text() -> None:
     for i, real in enumerate(IMPORT_ERROR):
         assert lines[ta.line_map[i] - 1] == ta.prefixes[i] + real
     assert Counter(line.startswith("mpirun ") for line in lines)[True] >= 1
+
+
+def test_a_noise_family_can_be_left_out_of_every_generator() -> None:
+    without = frozenset({"store_retries", "hub_retries"})
+    for write, kw in ((healthy_job, {}), (silent_rank_hang, {}), (stack_hang, {"where": "io"}),
+                      (divergence_job, {"kind": "nan"})):
+        truth, lines = lines_of(write, seed=1, flavour="plain", style="torchrun", ranks=16, lines=2500,
+                                without=without, **kw)
+        assert not without & set(truth.families)
+        assert not any(C10D_REFUSED.search(line) or "thrown while requesting" in line for line in lines)
+    buf = io.StringIO()
+    buried = bury(IMPORT_ERROR, buf, seed=1, ranks=16, lines=2500, realism=True, without=without)
+    assert not without & set(buried.families) and not C10D_REFUSED.search(buf.getvalue())

@@ -111,6 +111,7 @@ class BuriedCase:
     case_id: str
     label: dict
     variant: dict[str, Any]
+    without: frozenset[str] = frozenset()  # noise families left out
 
     def generate(self, out: Any) -> BuriedTruth:
         label = self.label
@@ -120,15 +121,16 @@ class BuriedCase:
                     style=v["style"], culprit_rank=label_culprit_rank(label, ranks), prefix_real=v["prefix_real"],
                     realism=True, nccl_debug=v["nccl_debug"],
                     phase=phase_of(label.get("failure_type")),
-                    healthy=is_healthy_label(label))
+                    healthy=is_healthy_label(label), without=self.without)
 
 
-def buried_cases(cases: list[dict], per_case: int, base_seed: int = 0) -> list[BuriedCase]:
+def buried_cases(cases: list[dict], per_case: int, base_seed: int = 0,
+                 without: frozenset[str] = frozenset()) -> list[BuriedCase]:
     """Every corpus case (healthy ones too) buried ``per_case`` times."""
     out = []
     for ci, label in enumerate(cases):
         for k, variant in enumerate(bury_variants(label["id"], ci, per_case, base_seed)):
-            out.append(BuriedCase(f"{label['id']}#b{k}", label, variant))
+            out.append(BuriedCase(f"{label['id']}#b{k}", label, variant, without))
     return out
 
 

@@ -4,6 +4,7 @@
     python -m logdx.evaluate FOLDER... --quick                                  # rules only (fast iteration)
     python -m logdx.evaluate FOLDER... --sets hangs,divergence --only silent- --keep /tmp/jobs
     python -m logdx.evaluate FOLDER... --sets excerpts --stages                 # what each stage adds
+    python -m logdx.evaluate FOLDER... --quick --without store_retries,hub_retries   # what a family costs
 
 Sets: ``excerpts`` (the labelled logs of the folders), ``buried`` (each of them buried in a realistic
 long multi-rank job), ``healthy`` (32 long healthy runs with scary output), ``hangs`` (silent ranks and
@@ -20,6 +21,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from logdx.evaluate.jobs import GENERATED_SETS, describe_job, job_record, label_
 from logdx.evaluate.runner import Cascade, Item, JobResult, cascades_of, generated, run_set
 from logdx.evaluate.tables import breakdown_lines, calibration_lines, set_figures, summary_lines, table_lines
 from logdx.pipeline import Engine
+from logdx.synth.noise import FAMILIES
 
 ALL_SETS = ("excerpts", "buried", "healthy", "hangs", "divergence")
 
@@ -52,16 +55,18 @@ def excerpt_items(cases: list[dict]) -> list[Item]:
                  score=lambda lab, rep, _t: score_case(lab, rep), corpus_label=label) for label in cases]
 
 
-def buried_items(cases: list[dict], per_case: int, seed: int) -> list[Item]:
+def buried_items(cases: list[dict], per_case: int, seed: int, without: frozenset[str] = frozenset()) -> list[Item]:
     return [Item(b.case_id, make=lambda b=b: generated(b.generate), label_of=lambda _t, lab=b.label: lab,
                  score=score_buried, exit_code_of=lambda t: t.exit_code, variant=b.variant, corpus_label=b.label)
-            for b in buried_cases(cases, per_case, seed)]
+            for b in buried_cases(cases, per_case, seed, without)]
 
 
-def generated_items(set_name: str, seed: int) -> list[Item]:
+def generated_items(set_name: str, seed: int, without: frozenset[str] = frozenset()) -> list[Item]:
+    cases = [replace(c, kwargs={**c.kwargs, "without": without}) if without else c
+             for c in GENERATED_SETS[set_name](seed)]
     return [Item(c.case_id, make=lambda c=c: generated(c.generate), label_of=label_of,
                  score=lambda _lab, rep, t: score_job(t, rep), exit_code_of=lambda t: t.exit_code)
-            for c in GENERATED_SETS[set_name](seed)]
+            for c in cases]
 
 
 _DESCRIBE: dict[str, Callable[[CaseResult, list[str]], list[str]] | None] = {
@@ -170,8 +175,8 @@ def _items(set_name: str, cases: list[dict], args: argparse.Namespace) -> list[I
     if set_name == "excerpts":
         return excerpt_items(cases)
     if set_name == "buried":
-        return buried_items(cases, args.per_case, args.seed)
-    return generated_items(set_name, args.seed)
+        return buried_items(cases, args.per_case, args.seed, args.without)
+    return generated_items(set_name, args.seed, args.without)
 
 
 def _cut_at_case(misses: list[str], n_cases: int) -> int:
@@ -210,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the excerpts and their burials only, N burials each (as --sets excerpts,buried --per-case N)")
     p.add_argument("--seed", type=int, default=0, help="changes every generated job and burial")
     p.add_argument("--only", metavar="TEXT", help="only the cases whose id contains TEXT")
+    p.add_argument("--without", default="", metavar="FAMILY,...",
+                   help=f"leave these harmless noise families out of every generated job (what does one cost?): "
+                        f"{', '.join(FAMILIES)}")
     p.add_argument("--keep", type=Path, metavar="DIR", help="write every generated log and its truth here")
     p.add_argument("--misses", type=int, default=25, metavar="N",
                    help="print the first N misses of each set (0: none, -1: all; default 25)")
@@ -227,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_case < 1:
         print("evaluate: error: --per-case needs N >= 1", file=sys.stderr)
         return 2
+    without = {f.strip() for f in args.without.split(",") if f.strip()}
+    if without - set(FAMILIES):
+        print(f"evaluate: error: unknown noise famil(y/ies) {', '.join(sorted(without - set(FAMILIES)))}; choose from "
+              f"{', '.join(FAMILIES)}", file=sys.stderr)
+        return 2
+    args.without = frozenset(without)
     return run(args)
 
 

@@ -11,7 +11,6 @@ import json
 import re
 import statistics
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,16 +226,6 @@ def confusion(results: list[CaseResult]) -> dict[str, int]:
             "healthy": len(healthy), "healthy_called_failed": sum(r.report.status != "healthy" for r in healthy)}
 
 
-def print_quality(results: list[CaseResult]) -> None:
-    c = confusion(results)
-    print(f"  crashes called healthy: {c['crashes_called_healthy']}/{c['crashes']}   "
-          f"healthy called failed: {c['healthy_called_failed']}/{c['healthy']}")
-    print("  calibration (right = status, category, failure type and action):")
-    for row in calibration(results):
-        print(f"    confidence {row['band']}: {row['right']}/{row['n']} right"
-              + (f" ({row['accuracy']:.3f})" if row["n"] else ""))
-
-
 def summarize(results: list[CaseResult], fields: tuple[str, ...] = FIELDS) -> dict[str, dict[str, float | int]]:
     """Per field: how many runs it was scored on and how many were right (a field not scored on a run,
     None, does not count)."""
@@ -283,18 +272,3 @@ def result_record(r: CaseResult) -> dict[str, object]:
                 "root_line_no": rep.root_cause.line_no if rep.root_cause else None,
                 "root_text": rep.root_cause.text if rep.root_cause else None},
     }
-
-
-def breakdown(results: list[CaseResult], key: str) -> dict[str, dict[str, dict[str, float | int]]]:
-    """The table per value of a variant field (style, prefix_real)."""
-    groups: dict[str, list[CaseResult]] = defaultdict(list)
-    for r in results:
-        if r.variant is not None:
-            groups[str(r.variant[key])].append(r)
-    return {k: summarize(v) for k, v in sorted(groups.items())}
-
-
-def print_table(title: str, table: dict[str, dict[str, float | int]]) -> None:
-    print(title)
-    for name, row in table.items():
-        print(f"  {name:<13} {row['accuracy']:.3f}  ({row['correct']}/{row['n']})")

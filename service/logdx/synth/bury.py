@@ -284,6 +284,7 @@ def bury(
     phase: str = "training",
     healthy: bool = False,
     nccl_debug: bool = True,
+    without: frozenset[str] = frozenset(),
 ) -> BuriedTruth:
     """Write a healthy ``ranks``-rank job of about ``lines`` lines to ``out`` with ``real_lines`` as its
     failure (see the module docstring); return where every real line landed.
@@ -292,7 +293,8 @@ def bury(
     at start-up, retried downloads, IB port flaps, overflow skips...). ``phase="startup"`` buries the
     lines where start-up failures happen (after the launchers and the rendezvous, before training).
     ``healthy`` is for excerpts of runs that went on: no cascade; training resumes after the real lines
-    and the job ends well (exit code 0). ``nccl_debug=False`` leaves out the NCCL INFO init lines."""
+    and the job ends well (exit code 0). ``nccl_debug=False`` leaves out the NCCL INFO init lines;
+    ``without`` leaves the named noise families out (to measure what one of them costs)."""
     if phase not in ("training", "startup", "launch"):
         raise ValueError("phase must be 'training', 'startup' or 'launch'")
     if healthy:
@@ -311,7 +313,7 @@ def bury(
     budget = lines - len(real_lines) - (_cascade_estimate(ranks, gpus_per_host) if cascade else 0)
     if healthy:
         budget = int(budget * 0.6)  # the run goes on after the real lines
-    part = dict(realism=realism, phase=phase, nccl_debug=nccl_debug, lines=lines)
+    part = dict(realism=realism, phase=phase, nccl_debug=nccl_debug, lines=lines, without=without)
 
     # Pass 1 (no output): when does the failure strike on the job's own clock? Then shift the clock
     # so that it strikes when the real lines say. Both passes draw the same random numbers.
@@ -423,11 +425,11 @@ def _cascade_estimate(ranks: int, gpus_per_host: int) -> int:
 
 
 def _healthy_part(job: Job, budget: int, *, realism: bool = False, phase: str = "training", nccl_debug: bool = True,
-                  lines: int = 0) -> float:
+                  lines: int = 0, without: frozenset[str] = frozenset()) -> float:
     """Start-up and training until about ``budget`` lines; returns when the failure strikes.
     Both passes of ``bury`` run it on identically seeded jobs: it must draw the same numbers."""
     job.nccl_debug = nccl_debug
-    profile = new_realism(job, steps=expected_steps(job, lines)) if realism else None
+    profile = new_realism(job, steps=expected_steps(job, lines), exclude=without) if realism else None
     if profile is not None:
         profile.at_begin(job)
     launcher_startup(job)

@@ -100,7 +100,7 @@ class Divergence:
 
 
 def divergence_job(out: TextIO, *, seed: int, flavour: str, style: str, ranks: int, lines: int, kind: str = "spike",
-                   ending: str = "cancel", gpus_per_host: int = 8) -> JobTruth:
+                   ending: str = "cancel", gpus_per_host: int = 8, without: frozenset[str] = frozenset()) -> JobTruth:
     """Write one diverging whole job to ``out`` (see the module docstring)."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; choose from {', '.join(KINDS)}")
@@ -115,7 +115,7 @@ def divergence_job(out: TextIO, *, seed: int, flavour: str, style: str, ranks: i
 
     job, realism = start_job(out, name=f"diverge-{kind}", seed=seed, ranks=ranks, lines=lines, style=style,
                              flavour=flavour, gpus_per_host=gpus_per_host, nccl_debug=True, prepare=prepare,
-                             exclude=frozenset({"spike"}))  # a recovering spike has its own jobs
+                             exclude=without | {"spike"})  # a recovering spike has its own jobs
     rng = job.rng
     if kind == "skipped" and "overflow" not in realism.families:
         realism.scale_pow = 32

@@ -118,9 +118,9 @@ def _finish_truth(job: Job, realism_families: frozenset[str], kind: str, label: 
 
 
 def _hang_start(out: TextIO, name: str, seed: int, flavour: str, style: str, ranks: int, lines: int,
-                gpus_per_host: int, nccl_debug: bool) -> tuple[Job, frozenset[str]]:
+                gpus_per_host: int, nccl_debug: bool, without: frozenset[str]) -> tuple[Job, frozenset[str]]:
     job, realism = start_job(out, name=name, seed=seed, ranks=ranks, lines=lines, style=style, flavour=flavour,
-                             gpus_per_host=gpus_per_host, nccl_debug=nccl_debug)
+                             gpus_per_host=gpus_per_host, nccl_debug=nccl_debug, exclude=without)
     cascade = 30 * ranks + 40 * job.cluster.n_hosts
     train_to(job, max(job.sink.count + 10 * (ranks + 2), lines - cascade))
     return job, realism.families
@@ -135,11 +135,12 @@ def _pick(rng: Random, world: int) -> int:
 
 def silent_rank_hang(out: TextIO, *, seed: int, flavour: str, style: str, ranks: int, lines: int,
                      report: str = "absent", gap: bool = True, nccl_debug: bool = True,
-                     gpus_per_host: int = 8) -> JobTruth:
+                     gpus_per_host: int = 8, without: frozenset[str] = frozenset()) -> JobTruth:
     """One rank goes quiet; the others' NCCL watchdogs time out (see the module docstring)."""
     if report not in ("absent", "lower"):
         raise ValueError("report must be 'absent' or 'lower'")
-    job, families = _hang_start(out, "silent-hang", seed, flavour, style, ranks, lines, gpus_per_host, nccl_debug)
+    job, families = _hang_start(out, "silent-hang", seed, flavour, style, ranks, lines, gpus_per_host, nccl_debug,
+                                without)
     rng, c = job.rng, job.cluster
     culprit = _pick(rng, c.world_size)
     job.sink.record()
@@ -371,14 +372,15 @@ def faulthandler_dump(job: Job, rank: int, timeout_s: int, threads: list[tuple[s
 
 def stack_hang(out: TextIO, *, seed: int, flavour: str, style: str, ranks: int, lines: int, where: str = "dataloader",
                dumper: str = "py-spy", op: str | None = None, ending: str = "watchdog", nccl_debug: bool = True,
-               gpus_per_host: int = 8) -> JobTruth:
+               gpus_per_host: int = 8, without: frozenset[str] = frozenset()) -> JobTruth:
     """All ranks but one wait in a collective and every rank's Python stacks are printed (see the
     module docstring); ``ending`` is ``watchdog`` (the others' NCCL watchdog fires) or ``cancel``."""
     if where not in WHERE:
         raise ValueError(f"unknown where {where!r}; choose from {', '.join(WHERE)}")
     if dumper not in ("py-spy", "faulthandler"):
         raise ValueError("dumper must be 'py-spy' or 'faulthandler'")
-    job, families = _hang_start(out, "stack-hang", seed, flavour, style, ranks, lines, gpus_per_host, nccl_debug)
+    job, families = _hang_start(out, "stack-hang", seed, flavour, style, ranks, lines, gpus_per_host, nccl_debug,
+                                without)
     rng, c = job.rng, job.cluster
     culprit = _pick(rng, c.world_size)
     op = op or ("broadcast" if job.flavour.name in ("plain", "fsdp", "megatron") and rng.random() < 0.3 else "all_reduce")

@@ -35,13 +35,15 @@ RANK_CHOICES = (8, 16, 32, 64, 128)
 
 
 def healthy_job(out: TextIO, *, seed: int, flavour: str, style: str, ranks: int, lines: int,
-                ending: str = "exit0", spike: bool = False, gpus_per_host: int = 8) -> JobTruth:
+                ending: str = "exit0", spike: bool = False, gpus_per_host: int = 8,
+                without: frozenset[str] = frozenset()) -> JobTruth:
     """Write one healthy whole job to ``out``; ``ending`` is ``exit0`` (trains to its end, exit code 0)
-    or ``cut`` (the log stops mid-training: exit code unknown)."""
+    or ``cut`` (the log stops mid-training: exit code unknown). ``without`` leaves noise families out."""
     if ending not in ("exit0", "cut"):
         raise ValueError("ending must be 'exit0' or 'cut'")
     job, realism = start_job(out, name="healthy-long", seed=seed, ranks=ranks, lines=lines, style=style,
-                             flavour=flavour, gpus_per_host=gpus_per_host, nccl_debug=job_rng_bool(seed, 0.6))
+                             flavour=flavour, gpus_per_host=gpus_per_host, nccl_debug=job_rng_bool(seed, 0.6),
+                             exclude=without)
     if spike and realism.spike is None:
         steps = max(12, (lines - job.sink.count) // max(2, ranks if job.flavour.per_rank_lines else 2))
         realism.spike = Spike(start=job.step + steps // 3, height=job.rng.uniform(0.8, 1.6), tau=job.rng.uniform(1.0, 2.5))
