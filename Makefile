@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 export LOGDX_LLM__CACHE_DIR ?= $(CURDIR)/.cache/logdx
 LINTED := service tests bench tools
 
-.PHONY: all install demo test test-fast eval eval-buried bench bench-serve lint clean catalog
+.PHONY: all install demo test test-fast eval eval-quick eval-buried eval-jobs bench bench-serve lint clean catalog
 
 all: test
 
@@ -37,16 +37,27 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINTED)
 
-# The labelled real failure logs: our corpus (eval/corpus, a source URL and a thread-settled label
-# each) and the shared development sample. `make eval` prints accuracy, crashes called healthy,
-# healthy runs called failed, calibration and what each later stage adds (leave-one-out).
+# Accuracy. The labelled real failure logs (our corpus, eval/corpus: a source URL and a thread-settled
+# label each; the shared development sample), each of them buried in a realistic long multi-rank job,
+# and whole jobs written by logdx.synth: long healthy runs, hangs, divergences. One table per set
+# (status, category, action, failure type, root line, culprit, crashes called healthy, healthy runs
+# called failed; also with the exit code known), one row per cascade (rules; default), then a summary.
+# `make eval` runs everything and what each later stage adds on the excerpts (leave-one-out);
+# `make eval-quick` is rules only on every set (a few minutes: for iterating).
 EVAL_SETS ?= eval/corpus $(SHARED)/failures-dev
+EVAL_ARGS ?=
 eval: $(STAMP)
-	$(PY) -m logdx.evaluate $(EVAL_SETS) --stages
+	$(PY) -m logdx.evaluate $(EVAL_SETS) --stages $(EVAL_ARGS)
+
+eval-quick: $(STAMP)
+	$(PY) -m logdx.evaluate $(EVAL_SETS) --quick $(EVAL_ARGS)
 
 BURY ?= 1
 eval-buried: $(STAMP)
-	$(PY) -m logdx.evaluate $(EVAL_SETS) --no-llm --no-retrieval --bury $(BURY)
+	$(PY) -m logdx.evaluate $(EVAL_SETS) --sets excerpts,buried --no-llm --no-retrieval --per-case $(BURY) $(EVAL_ARGS)
+
+eval-jobs: $(STAMP)
+	$(PY) -m logdx.evaluate --sets healthy,hangs,divergence --quick $(EVAL_ARGS)
 
 # The error catalog (service/logdx/kb/catalog.jsonl.gz) from the frameworks' own code, at the versions
 # pinned in tools/catalog/sources.toml; downloads from PyPI are cached in .cache/catalog.

@@ -28,6 +28,7 @@ RANK_PREFIX = {
     "srun": re.compile(r"^ *(\d+): "),
     "srun_torchrun": re.compile(r"^ *\d+: \[rank(\d+)\]:"),
     "pdsh_torchrun": re.compile(r"^[\w-]+: \[rank(\d+)\]:"),
+    "mpirun": re.compile(r"^\[1,(\d+)\]<stdout>:"),
 }
 PY_STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}")
 

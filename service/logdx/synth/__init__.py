@@ -7,9 +7,9 @@
 or ``python -m logdx.synth --scenario xid79 --ranks 64 --lines 2000000 --seed 1 -o job.log --truth t.json``.
 
 What a log contains
-    launcher start-up (torchrun / srun / DeepSpeed-over-pdsh), the framework's banner and config
-    dump (Megatron, DeepSpeed+HF Trainer, a torchtitan-style FSDP loop, Lightning, or a plain
-    torchrun loop), NCCL INFO init lines of every rank, per-rank progress lines, periodic
+    launcher start-up (torchrun / srun / DeepSpeed-over-pdsh / mpirun), the framework's banner and
+    config dump (Megatron, DeepSpeed+HF Trainer, a torchtitan-style FSDP loop, Lightning, or a plain
+    torchrun loop; ``flavour="hf"`` the HF Trainer alone and ``"nemo"`` NeMo, never chosen by "auto"), NCCL INFO init lines of every rank, per-rank progress lines, periodic
     checkpoints and evaluations, harmless noise (deprecation warnings, "0 errors", "error_if_nonfinite
     =False", a recovered wandb ReadTimeout...), then the failure and its cascade: NCCL watchdog
     timeouts, SIGTERMs, ChildFailedError boxes, srun/slurmstepd/pdsh messages. Lines of different
@@ -51,8 +51,18 @@ Layout (to extend it)
     ``styles.py`` prefixes and launchers; ``sink.py`` streaming output and time-ordered bursts;
     ``generate.py`` the public ``generate`` and ``Truth``; ``bury.py`` buries real failure lines (an
     issue-thread excerpt) in a generated healthy job followed by its cascade (``bury``, ``BuriedTruth``;
-    used by ``python -m logdx.evaluate --bury N``). A new scenario is a function
+    used by ``python -m logdx.evaluate``). A new scenario is a function
     ``(job) -> Culprits`` that emits its root line with ``root=True`` and a ``REGISTRY`` entry.
+
+Whole jobs (what ``make eval`` measures beside the excerpts)
+    ``noise.py`` the harmless output real multi-node jobs print and run past (c10d store retries at
+    start-up, retried downloads and uploads, IB port flaps, fp16 overflow skips, deprecation warnings,
+    a loss spike that recovers...; each family's source is in its docstring), as a ``Realism`` profile
+    drawn from the job's seed; ``longjob.py`` the ``JobTruth`` of a generated whole job and its
+    realistic start; ``healthy.py`` long healthy runs of every framework; ``hangs.py`` silent-rank and
+    stack-dump hangs; ``divergence.py`` loss divergences and recovering spikes; ``bury(...,
+    realism=True)`` buries a real excerpt in such a job. Each module documents its labels; the truth is
+    the generator's, never logdx's.
 
 Realism notes for consumers
     Megatron runs use NGC paths (``/usr/local/lib/python3.10/dist-packages``), not site-packages.

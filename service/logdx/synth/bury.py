@@ -26,6 +26,15 @@ under tens of thousands of others from many ranks, then under the symptoms of th
    lines are still being written;
 4. sometimes (from the seed) a few harmless lines after all that (wandb finishing its upload).
 
+``realism=True`` adds what real multi-node jobs print and run past (``noise.Realism``: the c10d store's
+connect-refused retries at start-up, retried downloads, IB port flaps, fp16 overflow skips...);
+``phase`` buries the lines where the failure happens: ``launch`` right after the launchers and the
+rendezvous (import, syntax, argument errors), ``startup`` after the framework's banner (environment,
+version errors), both before NCCL and training and without watchdog timeouts (nobody is in a
+collective yet); ``training`` (the default) after hours of training;
+``healthy=True`` is for excerpts of runs that went on: no cascade, training resumes after the real
+lines and the job ends well (``BuriedTruth.exit_code`` 0).
+
 Prefixes of the real lines (``prefix_real``; when False every real line is written bare)
     * a line that already starts with a torchrun prefix (``[rank12]:``, ``[default0]:[rank12]:``) keeps
       it and only gets the outer, node-level part of the style's prefix (``1: `` for srun_torchrun,
@@ -67,10 +76,20 @@ from typing import TextIO
 from logdx.synth.cascade import Fate, end_job, time_out_survivors, watchdog_abort
 from logdx.synth.generate import check_job_shape, make_job
 from logdx.synth.job import Job
+from logdx.synth.longjob import expected_steps
+from logdx.synth.noise import new_realism
 from logdx.synth.scenarios import _NCCL_ERROR_FRAMES
 from logdx.synth.sink import Burst
 from logdx.synth.styles import STYLES
-from logdx.synth.training import NCCL_VERSION, framework_startup, launcher_startup, nccl_init, noise_lines, train_until
+from logdx.synth.training import (
+    NCCL_VERSION,
+    finish_healthy,
+    framework_startup,
+    launcher_startup,
+    nccl_init,
+    noise_lines,
+    train_until,
+)
 
 # -- classifying the real lines ---------------------------------------------------------------------
 
@@ -114,7 +133,7 @@ def _outer_prefix(job: Job, rank: int) -> str:
     style = job.style.name
     if style in ("torchrun", "torchrun_tee"):
         return ""
-    if style in ("srun", "pdsh"):
+    if style in ("srun", "pdsh", "mpirun"):
         return job.prefixes[rank]
     return job.agent_prefixes[job.cluster.host_index(rank)]  # srun_torchrun, pdsh_torchrun
 
@@ -184,6 +203,8 @@ class BuriedTruth:
     failure_time: float = 0.0  # epoch seconds of the first real line
     anchored: bool = False  # the job's clock was set from a timestamp in the real lines
     window_lines: int = 0  # lines of other ranks / launchers written from the failure on (cascade included)
+    exit_code: int | None = None  # what the launcher returned: 0 for a healthy burial, else 1
+    families: list[str] = field(default_factory=list)  # the harmless noise families of ``realism``
 
     @property
     def failure_line_no(self) -> int:
@@ -259,9 +280,25 @@ def bury(
     gpus_per_host: int = 8,
     flavour: str = "auto",
     noise: float = 1.0,
+    realism: bool = False,
+    phase: str = "training",
+    healthy: bool = False,
+    nccl_debug: bool = True,
+    without: frozenset[str] = frozenset(),
 ) -> BuriedTruth:
     """Write a healthy ``ranks``-rank job of about ``lines`` lines to ``out`` with ``real_lines`` as its
-    failure (see the module docstring); return where every real line landed."""
+    failure (see the module docstring); return where every real line landed.
+
+    ``realism`` adds the harmless output of real multi-node jobs (``noise.Realism``: c10d store retries
+    at start-up, retried downloads, IB port flaps, overflow skips...). ``phase="startup"`` buries the
+    lines where start-up failures happen (after the launchers and the rendezvous, before training).
+    ``healthy`` is for excerpts of runs that went on: no cascade; training resumes after the real lines
+    and the job ends well (exit code 0). ``nccl_debug=False`` leaves out the NCCL INFO init lines;
+    ``without`` leaves the named noise families out (to measure what one of them costs)."""
+    if phase not in ("training", "startup", "launch"):
+        raise ValueError("phase must be 'training', 'startup' or 'launch'")
+    if healthy:
+        cascade = False
     if not real_lines:
         raise ValueError("nothing to bury: real_lines is empty")
     if any("\n" in line for line in real_lines):
@@ -274,11 +311,14 @@ def bury(
     args = dict(name=_SALT, seed=seed, ranks=ranks, gpus_per_host=gpus_per_host, lines=lines, style=style,
                 noise=noise, flavour=flavour)
     budget = lines - len(real_lines) - (_cascade_estimate(ranks, gpus_per_host) if cascade else 0)
+    if healthy:
+        budget = int(budget * 0.6)  # the run goes on after the real lines
+    part = dict(realism=realism, phase=phase, nccl_debug=nccl_debug, lines=lines, without=without)
 
     # Pass 1 (no output): when does the failure strike on the job's own clock? Then shift the clock
     # so that it strikes when the real lines say. Both passes draw the same random numbers.
     probe = make_job(_Null(), **args)  # type: ignore[arg-type]
-    t0_own = _healthy_part(probe, budget)
+    t0_own = _healthy_part(probe, budget, **part)  # type: ignore[arg-type]
     year = time.gmtime(t0_own).tm_year
     stamps = [line_time(line, year) for line in real_lines]
     anchor = next((s for s in stamps if s is not None), None)
@@ -286,7 +326,7 @@ def bury(
 
     job = make_job(out, **args)  # type: ignore[arg-type]
     job.now += shift
-    t0 = _healthy_part(job, budget)
+    t0 = _healthy_part(job, budget, **part)  # type: ignore[arg-type]
     c = job.cluster
     if culprit_rank is None:
         culprit_rank = _culprit_from_prefixes(real_lines, c.world_size)
@@ -319,11 +359,12 @@ def bury(
 
     # The rest of the job meanwhile: the other ranks print their progress line of the step in
     # progress (the culprit never gets there) and the odd warning, interleaving with the real lines.
-    job.begin_step()
-    for rank in range(c.world_size):
-        if rank != culprit_rank and rng.random() < 0.85:
-            t = t0 + rng.uniform(-0.01, 0.05) + 0.2 * rng.random() ** 2
-            burst.add(t, job.prefixes[rank] + job.flavour.rank_line(job, rank, t))
+    if phase == "training":  # (at start-up or launch nobody prints progress yet)
+        job.begin_step()
+        for rank in range(c.world_size) if job.flavour.per_rank_lines else ():
+            if rank != culprit_rank and rng.random() < 0.85:
+                t = t0 + rng.uniform(-0.01, 0.05) + 0.2 * rng.random() ** 2
+                burst.add(t, job.prefixes[rank] + job.flavour.rank_line(job, rank, t))
     for _ in range(rng.randint(0, 4) if noise > 0 else 0):
         rank = rng.randrange(c.world_size)
         if rank != culprit_rank:
@@ -334,18 +375,24 @@ def bury(
 
     if cascade:
         fates = {culprit_rank: Fate(t_end + rng.uniform(0.01, 0.3), _exitcode(real_lines))}
-        if rng.random() < 0.5:
-            _peers_notice(job, burst, fates, culprit_rank)
-        timeout_s = job.nccl_timeout_ms / 1000.0
-        if rng.random() < 0.5:  # the others have waited in the collective for a while already
-            t_stuck = t0 - rng.uniform(0.0, 0.97) * timeout_s
-        else:  # they enter the collective the culprit never joins just after it fails
-            t_stuck = t0 + rng.uniform(0.0, 0.5)
-        time_out_survivors(job, burst, fates, t_stuck, job.seq + 1)
+        if phase == "training":  # at start-up nobody is in a collective yet: the launchers just reap
+            if rng.random() < 0.5:
+                _peers_notice(job, burst, fates, culprit_rank)
+            timeout_s = job.nccl_timeout_ms / 1000.0
+            if rng.random() < 0.5:  # the others have waited in the collective for a while already
+                t_stuck = t0 - rng.uniform(0.0, 0.97) * timeout_s
+            else:  # they enter the collective the culprit never joins just after it fails
+                t_stuck = t0 + rng.uniform(0.0, 0.5)
+            time_out_survivors(job, burst, fates, t_stuck, job.seq + 1)
         end_job(job, burst, fates)
     marks: dict[object, int] = {}
     job.now = burst.drain(job.sink, marks)
-    if rng.random() < 0.5:
+    if healthy:
+        train_until(job, lines - 3 * ranks - 2 * c.n_hosts - 40)
+        finish_healthy(job)
+        if job.realism is not None:
+            job.realism.at_finish(job)
+    elif rng.random() < 0.5 and phase != "launch":  # wandb only runs once the script got going
         _epilogue(job)
     job.sink.flush()
 
@@ -367,6 +414,8 @@ def bury(
         failure_time=t0,
         anchored=anchor is not None,
         window_lines=job.sink.count - lines_before - len(real_lines),
+        exit_code=0 if healthy else 1,
+        families=sorted(job.realism.families) if job.realism is not None else [],
     )
 
 
@@ -375,11 +424,26 @@ def _cascade_estimate(ranks: int, gpus_per_host: int) -> int:
     return 30 * ranks + 30 * -(-ranks // gpus_per_host)
 
 
-def _healthy_part(job: Job, budget: int) -> float:
-    """Start-up and training until about ``budget`` lines; returns when the failure strikes."""
+def _healthy_part(job: Job, budget: int, *, realism: bool = False, phase: str = "training", nccl_debug: bool = True,
+                  lines: int = 0, without: frozenset[str] = frozenset()) -> float:
+    """Start-up and training until about ``budget`` lines; returns when the failure strikes.
+    Both passes of ``bury`` run it on identically seeded jobs: it must draw the same numbers."""
+    job.nccl_debug = nccl_debug
+    profile = new_realism(job, steps=expected_steps(job, lines), exclude=without) if realism else None
+    if profile is not None:
+        profile.at_begin(job)
     launcher_startup(job)
+    if profile is not None:
+        profile.at_launch(job)
+    if phase == "launch":  # an import, syntax or argument error: the workers die as they start
+        return job.now + job.rng.uniform(1.0, 20.0)
     framework_startup(job)
-    nccl_init(job)
+    if profile is not None:
+        profile.at_startup(job)
+    if phase == "startup":  # an environment or version error: after the banner, before NCCL and training
+        return job.now + job.rng.uniform(1.0, 20.0)
+    if nccl_debug:
+        nccl_init(job)
     train_until(job, budget)
     # inside the next step, about when the other ranks print its progress line
     return job.now + job.step_ms * job.flavour.iters_per_step / 1000.0 * job.rng.uniform(0.9, 1.0)

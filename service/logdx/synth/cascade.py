@@ -156,6 +156,8 @@ def time_out_survivors(job: Job, burst: Burst, fates: dict[int, Fate], t_stuck: 
     fire = t_stuck + job.nccl_timeout_ms / 1000.0
     if deadline is not None and fire >= deadline:
         return
+    if job.style.launcher == "mpirun" and any(f.t < fire for f in fates.values()):
+        return  # mpirun kills every process of the job as soon as the first one exits
     killed_early: set[int] = set()
     if job.style.launcher != "srun":  # per-node launchers kill a dead rank's local peers at once
         for rank, fate in fates.items():
@@ -189,6 +191,8 @@ def end_job(job: Job, burst: Burst, fates: dict[int, Fate], *, lost_hosts: froze
                     deepspeed_launcher_ends(job, burst, h, fates, cancel_at)
         case "srun":
             srun_ends(job, burst, fates, lost_hosts, cancel_at)
+        case "mpirun":
+            mpirun_ends(job, burst, fates, cancel_at)
 
 
 def _local_failures(job: Job, host_index: int, fates: dict[int, Fate], cancel_at: float | None) -> list[int]:
@@ -343,6 +347,45 @@ def srun_ends(job: Job, burst: Burst, fates: dict[int, Fate], lost_hosts: frozen
     for h, ranks in terminated.items():
         burst.add(t_kill + 0.6 + 0.01 * h, f"srun: error: {c.hosts[h]}: {_tasks(ranks)}: Terminated")
     burst.add(t_kill + 1.0, f"srun: Force Terminated {step}")
+
+
+# Open MPI's own epilogue, as users paste it (Open MPI users' list and GitHub threads, e.g. the
+# "Primary job  terminated normally" / "mpirun detected that one or more processes exited with non-zero
+# status" block, and "mpirun noticed that process rank 14 with PID 4257 on node compute-0-2.local exited
+# on signal 11 (Segmentation fault)."). The double space after "job" is Open MPI's.
+_MPI_RULE = "-" * 74
+_MPI_SIGNALS = {6: "Aborted", 7: "Bus error", 9: "Killed", 11: "Segmentation fault", 15: "Terminated"}
+
+
+def mpirun_ends(job: Job, burst: Burst, fates: dict[int, Fate], cancel_at: float | None) -> None:
+    """mpirun started every rank itself; at the first non-zero exit it kills the rest and says who."""
+    c = job.cluster
+    dead = sorted((f.t, r) for r, f in fates.items() if cancel_at is None or f.t < cancel_at)
+    if dead:
+        t_first, first = dead[0]
+        code = fates[first].exitcode
+        t = t_first + job.rng.uniform(0.05, 0.5)
+        if code < 0:
+            sig = -code
+            block = [_MPI_RULE, f"mpirun noticed that process rank {first} with PID {c.worker_pids[first]} on node "
+                                f"{c.host(first)} exited on signal {sig} ({_MPI_SIGNALS.get(sig, 'Unknown signal')}).",
+                     _MPI_RULE]
+        else:
+            block = [_MPI_RULE, "Primary job  terminated normally, but 1 process returned",
+                     "a non-zero exit code. Per user-direction, the job has been aborted.", _MPI_RULE, _MPI_RULE,
+                     "mpirun detected that one or more processes exited with non-zero status, thus causing",
+                     "the job to be terminated. The first process to do so was:", "",
+                     f"  Process name: [[{c.slurm_job_id % 65536},1],{first}]", f"  Exit code:    {code}", _MPI_RULE]
+        for i, line in enumerate(block):
+            burst.add(t + 0.0001 * i, line)
+        t_kill = t
+    elif cancel_at is not None:
+        t_kill = cancel_at
+    else:
+        return
+    for rank in range(c.world_size):
+        if rank not in fates:
+            fates[rank] = Fate(t_kill + 0.2, -15)
 
 
 def _slurm_task_exit(job: Job, burst: Burst, h: int, t: float, code: int) -> None:

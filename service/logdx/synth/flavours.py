@@ -35,6 +35,9 @@ class Flavour:
     carets = True  # Python >= 3.11 prints ^^^^ under the failing expression
     iters_per_step = 1  # iterations between two progress lines
     collectives_per_iteration = 3
+    per_rank_lines = True  # every rank prints a line per step (else only ``log_rank``'s summary)
+    names_hosts = True  # its banner says on which host each rank runs ("rank 5/16 ... on node-03")
+    fp16 = False  # dynamic loss scaling (overflow skips); whole-job generators switch it on
 
     def __init__(self, rng: Random, cluster: Cluster) -> None:
         self.rng = rng
@@ -201,6 +204,7 @@ class Flavour:
 
 class Megatron(Flavour):
     name = "megatron"
+    names_hosts = False
     entry = "/workspace/Megatron-LM/pretrain_gpt.py"
     lib = "/usr/local/lib/python3.10/dist-packages"  # NGC containers install into dist-packages
     python = "/usr/bin/python"
@@ -229,14 +233,14 @@ class Megatron(Flavour):
 
     def summary(self, job: Job, t: float) -> list[str]:
         it = job.iteration
-        nan_iters = job.flavour.iters_per_step if job.nan else 0
+        nan_iters = job.flavour.iters_per_step if job.nan else job.nan_iters
         return [
             f" [{job.clock.seconds(t)}] iteration {it:>8d}/{self.train_iters:>8d} | consumed samples: "
             f"{it * self.gbs:>12d} | elapsed time per iteration (ms): {job.step_ms:.1f} | throughput per GPU "
             f"(TFLOP/s/GPU): {self.tflops * 1000 / job.step_ms * self.step_ms / 1000:.1f} | learning rate: "
-            f"{job.lr:.6E} | global batch size: {self.gbs:>5d} | lm loss: {job.loss:.6E} | loss scale: 1.0 | "
-            f"grad norm: {job.grad_norm:.3f} | number of skipped iterations: {0:>3d} | number of nan "
-            f"iterations: {nan_iters:>3d} |"
+            f"{job.lr:.6E} | global batch size: {self.gbs:>5d} | lm loss: {job.loss:.6E} | loss scale: "
+            f"{job.loss_scale:.1f} | grad norm: {job.grad_norm:.3f} | number of skipped iterations: "
+            f"{job.skipped_iters:>3d} | number of nan iterations: {nan_iters:>3d} |"
         ]
 
     def banner(self, job: Job, burst: Burst) -> None:
@@ -244,11 +248,11 @@ class Megatron(Flavour):
         p = self.proc(job, burst, 0, 0.5)
         p.say(f"using world size: {c.world_size}, data-parallel size: {self.dp}, context-parallel size: 1, "
               f"tensor-model-parallel size: {self.tp}, pipeline-model-parallel size: 1 ")
-        p.say("using torch.bfloat16 for parameters ...")
+        p.say(f"using torch.{'float16' if self.fp16 else 'bfloat16'} for parameters ...")
         p.say("------------------------ arguments ------------------------")
         args = {
             "accumulate_allreduce_grads_in_fp32": "True", "adam_beta1": "0.9", "adam_beta2": "0.95",
-            "attention_dropout": "0.0", "bf16": "True", "check_for_nan_in_loss_and_grad": "True",
+            "attention_dropout": "0.0", "bf16": str(not self.fp16), "check_for_nan_in_loss_and_grad": "True",
             "clip_grad": "1.0", "data_path": "['/data/pile/pile_text_document']",
             "distributed_backend": "nccl", "distributed_timeout_minutes": str(job.nccl_timeout_ms // 60000),
             "eval_interval": str(job.eval_every * self.iters_per_step), "eval_iters": "10",
@@ -263,7 +267,10 @@ class Megatron(Flavour):
             "tokenizer_type": "GPT2BPETokenizer", "train_iters": str(self.train_iters),
             "use_distributed_optimizer": "True", "world_size": str(c.world_size),
         }
-        for key, value in args.items():
+        if self.fp16:
+            args.update({"fp16": "True", "initial_loss_scale": "4294967296", "loss_scale": "None",
+                         "loss_scale_window": "1000"})
+        for key, value in sorted(args.items()) if self.fp16 else args.items():
             p.say(f"  {key} {'.' * max(2, 48 - len(key))} {value}", 0.0001)
         p.say("-------------------- end of arguments ---------------------")
         p.say(f"setting number of micro-batches to constant {self.gbs // self.dp}")
@@ -411,6 +418,7 @@ class Megatron(Flavour):
 
 class DeepSpeed(Flavour):
     name = "deepspeed"
+    names_hosts = False
     lib = "/opt/conda/lib/python3.10/site-packages"
     python = "/opt/conda/bin/python"
     carets = False
@@ -439,7 +447,7 @@ class DeepSpeed(Flavour):
         gn = "nan" if job.nan else f"{job.grad_norm:.4f}"
         return [
             self.ds(job, t, "logging.py:96:log_dist",
-                    f"[Rank 0] step={job.iteration}, skipped=0, lr=[{job.lr:.8f}], mom=[(0.9, 0.95)]"),
+                    f"[Rank 0] step={job.iteration}, skipped={job.skipped_total}, lr=[{job.lr:.8f}], mom=[(0.9, 0.95)]"),
             f"{{'loss': {loss}, 'grad_norm': {gn}, 'learning_rate': {job.lr:.8f}, "
             f"'epoch': {job.iteration / self.train_iters:.2f}}}",
         ]
@@ -454,10 +462,10 @@ class DeepSpeed(Flavour):
         p.say(self.ds(job, p.t, "logging.py:96:log_dist", "[Rank 0] DeepSpeed info: version=0.14.4, git-hash=unknown, git-branch=unknown"), 4.0)
         p.say(self.ds(job, p.t, "config.py:1000:print", "DeepSpeedEngine configuration:"))
         config = {
-            "amp_enabled": "False", "bfloat16_enabled": "True", "checkpoint_parallel_write_pipeline": "False",
+            "amp_enabled": "False", "bfloat16_enabled": str(not self.fp16), "checkpoint_parallel_write_pipeline": "False",
             "checkpoint_tag_validation_enabled": "True", "checkpoint_tag_validation_fail": "False",
             "communication_data_type": "None", "dump_state": "False", "fp16_auto_cast": "None",
-            "fp16_enabled": "False", "global_rank": "0", "gradient_accumulation_steps": "8",
+            "fp16_enabled": str(self.fp16), "global_rank": "0", "gradient_accumulation_steps": "8",
             "gradient_clipping": "1.0", "load_universal_checkpoint": "False", "prescale_gradients": "False",
             "steps_per_print": str(self.iters_per_step), "train_batch_size": str(8 * self.cluster.world_size),
             "wall_clock_breakdown": "False", "world_size": str(self.cluster.world_size),
@@ -465,9 +473,11 @@ class DeepSpeed(Flavour):
         }
         for key, value in config.items():
             p.say(self.ds(job, p.t, "config.py:1004:print", f"  {key} {'.' * max(2, 30 - len(key))} {value}"), 0.0002)
+        precision = ('"fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 16}' if self.fp16
+                     else '"bf16": {"enabled": true}')
         p.say(self.ds(job, p.t, "config.py:990:print_user_config", '  json = {"train_micro_batch_size_per_gpu": 1, '
                       f'"gradient_accumulation_steps": 8, "zero_optimization": {{"stage": {self.stage}}}, '
-                      '"bf16": {"enabled": true}, "gradient_clipping": 1.0, "steps_per_print": 10}'))
+                      f'{precision}, "gradient_clipping": 1.0, "steps_per_print": 10}}'))
         p.say("***** Running training *****", 2.0)
         p.say(f"  Num examples = {self.train_iters * 8 * self.cluster.world_size:,}")
         p.say(f"  Total optimization steps = {self.train_iters:,}")
@@ -593,6 +603,7 @@ class FSDP(Flavour):
     """A torchtitan-style FSDP2 loop: every rank logs its own step line."""
 
     name = "fsdp"
+    names_hosts = False
     entry = f"{USER_ROOT}/train_fsdp.py"
     lib = "/opt/venv/lib/python3.11/site-packages"
     python = "/opt/venv/bin/python"
@@ -686,6 +697,7 @@ class FSDP(Flavour):
 
 class Lightning(Flavour):
     name = "lightning"
+    names_hosts = False
     entry = f"{USER_ROOT}/lit_train.py"
     lib = "/opt/conda/envs/train/lib/python3.11/site-packages"
     python = "/opt/conda/envs/train/bin/python"
@@ -831,9 +843,267 @@ def _tqdm_time(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
+def _tqdm_bar(done: int, total: int, width: int = 10) -> str:
+    """tqdm's ``  3%|▎         |``: eighths of a block per cell."""
+    eighths = done * width * 8 // max(1, total)
+    full, part = divmod(min(eighths, width * 8), 8)
+    return "█" * full + (" ▏▎▍▌▋▊▉"[part] if full < width else "") + " " * (width - full - (full < width))
+
+
+class HFTrainer(Flavour):
+    """The Hugging Face Trainer (accelerate / torchrun): only the main process reports, through tqdm
+    and the Trainer's metrics dicts. Formats from transformers' trainer.py (``***** Running training
+    *****``, ``{'loss': ..., 'grad_norm': ..., 'learning_rate': ..., 'epoch': ...}``, ``Training completed.
+    Do not forget to share your model on huggingface.co/models =)``) as users paste them."""
+
+    name = "hf"
+    names_hosts = False
+    entry = f"{USER_ROOT}/train_hf.py"
+    lib = "/opt/conda/lib/python3.11/site-packages"
+    python = "/opt/conda/bin/python"
+    per_rank_lines = False
+    collectives_per_iteration = 2
+
+    def __init__(self, rng: Random, cluster: Cluster) -> None:
+        super().__init__(rng, cluster)
+        self.step_ms = rng.uniform(300.0, 3000.0)
+        self.total = rng.choice((20000, 31250, 58590))
+        self.logging_steps = rng.choice((5, 10, 25))
+        self.carriage = rng.random() < 0.5  # tqdm's \r updates kept on one line, as a file captures them
+        self.examples = self.total * 8 * cluster.world_size
+
+    def rank_line(self, job: Job, rank: int, t: float) -> str:  # pragma: no cover - per_rank_lines is False
+        return ""
+
+    def _bar(self, job: Job, it: int) -> str:
+        total = self.total + job.start_iteration  # a resumed run's max_steps lies beyond where it resumed
+        done = min(it, total)
+        secs = job.step_ms / 1000.0
+        return (f"{done * 100 // total:3d}%|{_tqdm_bar(done, total)}| {done}/{total} "
+                f"[{_tqdm_time(done * secs)}<{_tqdm_time((total - done) * secs)}, {secs:5.2f}s/it]")
+
+    def summary(self, job: Job, t: float) -> list[str]:
+        it = job.iteration
+        bar = self._bar(job, it)
+        if self.carriage and it > 1:
+            bar = self._bar(job, it - 1) + "\r" + bar
+        out = [bar]
+        if it % self.logging_steps == 0:
+            loss = "nan" if job.nan or math.isnan(job.loss) else f"{job.loss:.4f}"
+            gn = "nan" if job.nan or math.isnan(job.grad_norm) else f"{job.grad_norm:.4f}"
+            out.append(f"{{'loss': {loss}, 'grad_norm': {gn}, 'learning_rate': {job.lr:.4e}, "
+                       f"'epoch': {it / self.total:.2f}}}")
+        return out
+
+    def banner(self, job: Job, burst: Burst) -> None:
+        c = self.cluster
+        p = self.proc(job, burst, 0, 1.0)
+        p.say(f"{job.clock.py(p.t)} - INFO - __main__ - Training/evaluation parameters TrainingArguments(")
+        for key, value in (("_n_gpu", "1"), ("bf16", "True"), ("dataloader_drop_last", "False"),
+                           ("dataloader_num_workers", "8"), ("ddp_find_unused_parameters", "None"),
+                           ("ddp_timeout", str(job.nccl_timeout_ms // 1000)), ("eval_strategy", "steps"),
+                           ("gradient_accumulation_steps", "1"), ("gradient_checkpointing", "True"),
+                           ("ignore_data_skip", "False"), ("learning_rate", "0.0003"), ("local_rank", "0"),
+                           ("log_level", "info"), ("logging_nan_inf_filter", "True"),
+                           ("logging_steps", str(self.logging_steps)), ("max_grad_norm", "1.0"),
+                           ("max_steps", str(self.total)), ("output_dir", f"/ckpt/{job.run_name}"),
+                           ("per_device_train_batch_size", "8"), ("save_safetensors", "True"),
+                           ("save_steps", str(job.ckpt_every)), ("seed", "42"), ("skip_memory_metrics", "True"),
+                           ("warmup_steps", "2000")):
+            p.say(f"{key}={value},", 0.0001)
+        p.say(")")
+        p.say("***** Running training *****", 20.0)
+        p.say(f"  Num examples = {self.examples:,}")
+        p.say("  Num Epochs = 1")
+        p.say("  Instantaneous batch size per device = 8")
+        p.say(f"  Total train batch size (w. parallel, distributed & accumulation) = {8 * c.world_size:,}")
+        p.say("  Gradient Accumulation steps = 1")
+        p.say(f"  Total optimization steps = {self.total:,}")
+        p.say("  Number of trainable parameters = 1,235,814,400")
+
+    def checkpoint(self, job: Job, burst: Burst, complete: bool = True) -> None:
+        p = self.proc(job, burst, 0, 0.2)
+        out = f"/ckpt/{job.run_name}/checkpoint-{job.iteration}"
+        p.say(f"Saving model checkpoint to {out}")
+        if complete:
+            p.say(f"Configuration saved in {out}/config.json", 0.5)
+            p.say(f"Model weights saved in {out}/model.safetensors", self.rng.uniform(5, 30))
+            p.say(f"tokenizer config file saved in {out}/tokenizer_config.json", 0.1)
+            p.say(f"Special tokens file saved in {out}/special_tokens_map.json", 0.01)
+
+    def evaluate(self, job: Job, burst: Burst) -> None:
+        p = self.proc(job, burst, 0, 0.3)
+        p.say("***** Running Evaluation *****")
+        p.say("  Num examples = 4000")
+        p.say("  Batch size = 8")
+        runtime = self.rng.uniform(20, 90)
+        p.say(f"{{'eval_loss': {job.loss - 0.04:.4f}, 'eval_runtime': {runtime:.4f}, 'eval_samples_per_second': "
+              f"{4000 / runtime:.3f}, 'eval_steps_per_second': {500 / runtime:.3f}, "
+              f"'epoch': {job.iteration / self.total:.2f}}}", runtime)
+
+    def finish(self, job: Job, burst: Burst) -> None:
+        p = self.proc(job, burst, 0, 0.5)
+        p.say("")
+        p.say("")
+        p.say("Training completed. Do not forget to share your model on huggingface.co/models =)")
+        p.say("")
+        p.say("")
+        runtime = job.iteration * job.step_ms / 1000.0
+        p.say(f"{{'train_runtime': {runtime:.4f}, 'train_samples_per_second': {8 * self.cluster.world_size * 1000 / job.step_ms:.3f}, "
+              f"'train_steps_per_second': {1000 / job.step_ms:.3f}, 'train_loss': {job.loss + 0.3:.4f}, "
+              f"'epoch': {job.iteration / self.total:.2f}}}")
+        p.say(f"Saving model checkpoint to /ckpt/{job.run_name}/final", 0.2)
+
+    def loop_frames(self) -> list[Frame]:
+        hf = f"{self.lib}/transformers/trainer.py"
+        return [
+            (self.entry, 201, "<module>", "main()"),
+            (self.entry, 187, "main", "train_result = trainer.train(resume_from_checkpoint=checkpoint)"),
+            (hf, 1938, "train", "return inner_training_loop("),
+        ]
+
+    def data_frames(self) -> list[Frame]:
+        return [
+            (f"{self.lib}/transformers/trainer.py", 2230, "_inner_training_loop", "for step, inputs in enumerate(epoch_iterator):"),
+            (f"{self.lib}/accelerate/data_loader.py", 454, "__iter__", "current_batch = next(dataloader_iter)"),
+            (f"{self.lib}/torch/utils/data/dataloader.py", 701, "__next__", "data = self._next_data()"),
+        ]
+
+    def user_call_frames(self, call: str) -> list[Frame]:
+        """The user's Trainer subclass: its ``compute_loss`` override."""
+        hf = f"{self.lib}/transformers/trainer.py"
+        return self.loop_frames() + [
+            (hf, 2279, "_inner_training_loop", "tr_loss_step = self.training_step(model, inputs)"),
+            (hf, 3318, "training_step", "loss = self.compute_loss(model, inputs)"),
+            (self.entry, 142, "compute_loss", call),
+        ]
+
+
+class NeMo(Flavour):
+    """NeMo's Megatron GPT pre-training (Lightning underneath): ``[NeMo I <date> <module>:<line>]``
+    lines and one progress bar on rank 0 (``Epoch 0: :  47%|████▋     | 7/15 [06:19<07:13,
+    reduced_train_loss=11.50, global_step=5.000, consumed_samples=12288.0, train_step_timing in s=49.50]``,
+    as in NVIDIA's and cloud vendors' published NeMo logs)."""
+
+    name = "nemo"
+    names_hosts = False
+    entry = "/opt/NeMo/examples/nlp/language_modeling/megatron_gpt_pretraining.py"
+    lib = "/usr/local/lib/python3.10/dist-packages"
+    python = "/usr/bin/python"
+    carets = False
+    per_rank_lines = False
+    collectives_per_iteration = 4
+
+    def __init__(self, rng: Random, cluster: Cluster) -> None:
+        super().__init__(rng, cluster)
+        self.gbs = rng.choice((256, 512, 1024))
+        self.max_steps = rng.choice((100000, 250000, 2000000))
+        self.version = rng.randrange(100, 9999)
+
+    def nemo(self, job: Job, t: float, level: str, where: str, message: str) -> str:
+        return f"[NeMo {level} {job.clock.seconds(t)} {where}] {message}"
+
+    def rank_line(self, job: Job, rank: int, t: float) -> str:  # pragma: no cover - per_rank_lines is False
+        return ""
+
+    def summary(self, job: Job, t: float) -> list[str]:
+        it = job.iteration
+        secs = job.step_ms / 1000.0
+        loss = "nan" if job.nan or math.isnan(job.loss) else f"{job.loss:.3f}"
+        done = it % 1000
+        return [
+            f"Epoch 0: : {done * 100 // 1000:3d}%|{_tqdm_bar(done, 1000)}| {it}/{self.max_steps} "
+            f"[{_tqdm_time(it * secs)}<{_tqdm_time((self.max_steps - it) * secs)}, v_num={self.version}, "
+            f"reduced_train_loss={loss}, global_step={it - 1}.0, consumed_samples={it * self.gbs:.1f}, "
+            f"train_step_timing in s={secs:.2f}]"
+        ]
+
+    def banner(self, job: Job, burst: Burst) -> None:
+        c = self.cluster
+        p = self.proc(job, burst, 0, 0.5)
+        p.say(self.nemo(job, p.t, "I", "exp_manager:396", f"Experiments will be logged at /results/{job.run_name}"))
+        p.say(self.nemo(job, p.t, "I", "exp_manager:842", "TensorboardLogger has been set up"))
+        p.say(self.nemo(job, p.t, "W", "exp_manager:931", "The checkpoint callback was told to monitor a validation "
+                        f"value and trainer's max_steps was set to {self.max_steps}. Please ensure that max_steps "
+                        "will run for at least 1 epochs to ensure that checkpointing will not error out."))
+        for line in ("GPU available: True (cuda), used: True", "TPU available: False, using: 0 TPU cores",
+                     "HPU available: False, using: 0 HPUs"):
+            p.say(line)
+        for rank in range(c.world_size):
+            q = self.proc(job, burst, rank, 2.0)
+            q.say(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{c.world_size}")
+            q.say(self.nemo(job, q.t, "I", "nemo_logging:393", f"Rank {rank} has data parallel group : "
+                            f"[{', '.join(str(r) for r in range(rank % 8, c.world_size, 8))}]"), 3.0)
+        p.say("-" * 100, 8.0)
+        p.say("distributed_backend=nccl")
+        p.say(f"All distributed processes registered. Starting with {c.world_size} processes")
+        p.say("-" * 100)
+        p.say(self.nemo(job, p.t, "I", "megatron_gpt_model:1568", "Pipeline model parallel rank: 0, Tensor model "
+                        "parallel rank: 0, Number of model parameters on device: 1.56e+09. Number of precise model "
+                        "parameters on device: 1.56e+09."), 20.0)
+        p.say(self.nemo(job, p.t, "I", "modelPT:786", "Optimizer config = MegatronDistributedFusedAdam ("))
+        p.say(self.nemo(job, p.t, "I", "lr_scheduler:923", 'Scheduler "<nemo.core.optim.lr_scheduler.CosineAnnealing '
+                        f'object at 0x{self.rng.getrandbits(48):x}>" '))
+        p.say("    will be used during training (effective maximum steps = "
+              f"{self.max_steps}) - ")
+        p.say("    Parameters : ")
+        for line in ("    (warmup_steps: 500", "    constant_steps: 0", "    min_lr: 3.0e-05",
+                     f"    max_steps: {self.max_steps}", "    )"):
+            p.say(line, 0.0001)
+
+    def checkpoint(self, job: Job, burst: Burst, complete: bool = True) -> None:
+        p = self.proc(job, burst, 0, 0.2)
+        val = job.loss - 0.04
+        name = (f"/results/checkpoints/megatron_gpt--val_loss={val:.2f}-step={job.iteration}-consumed_samples="
+                f"{job.iteration * self.gbs:.1f}.ckpt")
+        p.say(f"Epoch 0, global step {job.iteration}: 'val_loss' reached {val:.5f} (best {val:.5f}), saving model to "
+              f"'{name}' as top 10")
+        if complete:
+            old = job.iteration - job.ckpt_every * 10
+            if old > 0:
+                p.say(self.nemo(job, p.t, "I", "nlp_overrides:480", "Removing checkpoint: /results/checkpoints/"
+                                f"megatron_gpt--val_loss={val + 0.3:.2f}-step={old}-consumed_samples="
+                                f"{old * self.gbs:.1f}.ckpt"), self.rng.uniform(10, 60))
+
+    def evaluate(self, job: Job, burst: Burst) -> None:
+        p = self.proc(job, burst, 0, 15.0)
+        p.say(f"Validation DataLoader 0: 100%|██████████| 32/32 [00:{self.rng.randrange(10, 59)}<00:00,  "
+              f"{self.rng.uniform(0.5, 2.0):.2f}it/s]")
+
+    def finish(self, job: Job, burst: Burst) -> None:
+        p = self.proc(job, burst, 0, 0.5)
+        p.say(f"`Trainer.fit` stopped: `max_steps={job.iteration}` reached.")
+
+    def loop_frames(self) -> list[Frame]:
+        pl = f"{self.lib}/lightning/pytorch"
+        return [
+            (self.entry, 42, "main", "trainer.fit(model)"),
+            (f"{pl}/trainer/trainer.py", 538, "fit", "call._call_and_handle_interrupt("),
+            (f"{pl}/trainer/call.py", 47, "_call_and_handle_interrupt", "return trainer_fn(*args, **kwargs)"),
+            (f"{pl}/trainer/trainer.py", 574, "_fit_impl", "self._run(model, ckpt_path=ckpt_path)"),
+            (f"{pl}/trainer/trainer.py", 981, "_run", "results = self._run_stage()"),
+            (f"{pl}/trainer/trainer.py", 1025, "_run_stage", "self.fit_loop.run()"),
+            (f"{pl}/loops/fit_loop.py", 205, "run", "self.advance()"),
+            (f"{pl}/loops/training_epoch_loop.py", 250, "advance",
+             "batch_output = self.automatic_optimization.run(trainer.optimizers[0], batch_idx, kwargs)"),
+        ]
+
+    def user_call_frames(self, call: str) -> list[Frame]:
+        """The user's own Lightning callback, called at every batch."""
+        pl = f"{self.lib}/lightning/pytorch"
+        return self.loop_frames()[:-1] + [
+            (f"{pl}/loops/training_epoch_loop.py", 226, "advance",
+             'call._call_callback_hooks(trainer, "on_train_batch_start", batch, batch_idx)'),
+            (f"{pl}/trainer/call.py", 218, "_call_callback_hooks", "fn(trainer, trainer.lightning_module, *args, **kwargs)"),
+            (f"{USER_ROOT}/project/callbacks.py", 58, "on_train_batch_start", call),
+        ]
+
+
 FLAVOURS: dict[str, type[Flavour]] = {
-    cls.name: cls for cls in (Megatron, DeepSpeed, FSDP, Lightning, Flavour)
+    cls.name: cls for cls in (Megatron, DeepSpeed, FSDP, Lightning, Flavour, HFTrainer, NeMo)
 }
+# What ``flavour="auto"`` chooses from: the original five, so that a seed keeps the job it always gave.
+AUTO_FLAVOURS = ("megatron", "deepspeed", "fsdp", "lightning", "plain")
 
 
 def torch_save_frames(lib: str) -> list[Frame]:

@@ -9,7 +9,7 @@ from typing import TextIO
 
 from logdx.synth.clock import Clock
 from logdx.synth.cluster import make_cluster
-from logdx.synth.flavours import FLAVOURS
+from logdx.synth.flavours import AUTO_FLAVOURS, FLAVOURS
 from logdx.synth.job import Job
 from logdx.synth.scenarios import REGISTRY, Scenario
 from logdx.synth.sink import LineSink
@@ -136,13 +136,13 @@ def make_job(out: TextIO, *, name: str, seed: int, ranks: int, gpus_per_host: in
     cluster = make_cluster(rng, ranks, gpus_per_host)
     style = STYLES[style_name]
     if flavour_name == "auto":
-        flavour_name = "deepspeed" if style.launcher == "deepspeed" else rng.choice(list(FLAVOURS))
+        flavour_name = "deepspeed" if style.launcher == "deepspeed" else rng.choice(AUTO_FLAVOURS)
     flavour = FLAVOURS[flavour_name](rng, cluster)
     slurm = style.name.startswith("srun") or (style.launcher == "torchrun" and not style.name.startswith("pdsh")
                                               and rng.random() < 0.5)
     if name == "node_lost" and not style.name.startswith("pdsh"):
         slurm = True  # a lost node is reported by Slurm (pdsh jobs see ssh die instead)
-    est_steps = max(10, lines // (ranks + 2))
+    est_steps = max(10, lines // ((ranks + 2) if flavour.per_rank_lines else 2))
     ckpt_every = max(4, est_steps // rng.randint(4, 10))
     job = Job(
         rng=rng,

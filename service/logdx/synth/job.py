@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from random import Random
 from typing import TYPE_CHECKING
@@ -14,6 +15,7 @@ from logdx.synth.styles import Style
 
 if TYPE_CHECKING:
     from logdx.synth.flavours import Flavour
+    from logdx.synth.noise import Realism
 
 # One frame of a Python traceback: path, line number, function, source line ("" for none).
 Frame = tuple[str, int, str, str]
@@ -49,6 +51,16 @@ class Job:
     lr: float = 0.0
     grad_norm: float = 1.0
     step_ms: float = 1000.0
+    # per-interval counters the frameworks print (Megatron: skipped / NaN iterations; the fp16 loss scale)
+    skipped_iters: int = 0
+    skipped_total: int = 0  # since the start (DeepSpeed's "skipped=N")
+    nan_iters: int = 0
+    loss_scale: float = 1.0
+    # Whole-job generators (noise.py, divergence.py) reshape the step's values and add harmless output;
+    # a plain job has neither, and writes exactly what it always wrote.
+    step_hooks: list[Callable[[Job], None]] = field(default_factory=list)
+    realism: Realism | None = None
+    nccl_debug: bool = True  # NCCL_DEBUG=INFO: NCCL's INFO lines (which name every rank's host) are printed
 
     # -- time and numbers --------------------------------------------------------------------
 
@@ -74,6 +86,8 @@ class Job:
         else:
             self.loss = 1.7 + 8.6 * math.exp(-it / 2500) + 0.08 * (self.rng.random() - 0.5)
             self.grad_norm = 0.25 + 0.6 * math.exp(-it / 4000) + 0.1 * self.rng.random()
+        for hook in self.step_hooks:
+            hook(self)
 
     # -- prefixes and line formats shared by launchers, cascades and scenarios -------------------
 

@@ -472,7 +472,9 @@ def nan_loss(job: Job) -> Culprits:
     """The loss turns NaN; the framework carries on a few steps, then gives up on every rank."""
     pattern = re.compile(r"loss\W{0,4}\s*nan\b", re.IGNORECASE)
     job.nan = True
-    for _ in range(job.rng.randint(1, 4)):
+    steps, k = job.rng.randint(1, 4), 0
+    while k < steps or (job.sink.root_no is None and k < 100):  # some frameworks print the loss every N steps
+        k += 1
         before = job.sink.count
         lines = write_step(job)
         for i, line in enumerate(lines):

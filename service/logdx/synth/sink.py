@@ -19,18 +19,31 @@ class LineSink:
         self.count = 0  # lines emitted so far == 1-based number of the last one
         self.root_no: int | None = None
         self.root_line: str | None = None
+        # A generator that must find lines again after a burst (where did rank 17's dump land?) asks
+        # for them with ``record()``; it holds only the end of a log, never the whole of it.
+        self.recorded: list[str] | None = None
+        self.recorded_from = 0  # line number of recorded[0]
 
     def emit(self, line: str) -> None:
         self._buffer.append(line)
         self.count += 1
+        if self.recorded is not None:
+            self.recorded.append(line)
         if len(self._buffer) >= self._chunk_lines:
             self.flush()
 
     def extend(self, lines: list[str]) -> None:
         self._buffer.extend(lines)
         self.count += len(lines)
+        if self.recorded is not None:
+            self.recorded.extend(lines)
         if len(self._buffer) >= self._chunk_lines:
             self.flush()
+
+    def record(self) -> None:
+        """Keep every line emitted from now on in ``recorded`` (the first one is line ``recorded_from``)."""
+        self.recorded = []
+        self.recorded_from = self.count + 1
 
     def emit_root(self, line: str) -> None:
         """Emit a line that shows the root cause; the first such line is the ground truth."""

@@ -8,9 +8,13 @@
 | srun_torchrun  | ``1: [rank11]:msg``        | ``1: msg`` (task = node) | torchrun |
 | pdsh           | ``node-03: msg``           | ``node-03: msg``       | deepspeed |
 | pdsh_torchrun  | ``node-03: [rank27]:msg``  | ``node-03: msg``       | torchrun  |
+| mpirun         | ``[1,3]<stdout>:msg``      | (none: mpirun starts ranks) | mpirun |
 
 ``srun -l`` pads task numbers to the width of the largest one, as Slurm does. With plain
 ``pdsh`` a rank is only known from what the line says (``[Rank 5]``...), as in real DeepSpeed runs.
+``mpirun`` is Open MPI's ``mpirun --tag-output --merge-stderr-to-stdout``: every line of rank N of the
+application (job 1) carries ``[1,N]<stdout>:`` (format as in the Open MPI users' posts and the NCCL
+tests' output quoted in public threads, e.g. ``[1,3]<stdout>:test-nccl-efa-worker-0:23:75 [3] NCCL INFO``).
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ class Style:
                 return f"{cluster.hosts[host_index]}: "
             case "pdsh_torchrun":
                 return f"{cluster.hosts[host_index]}: [rank{rank}]:"
+            case "mpirun":
+                return f"[1,{rank}]<stdout>:"
         raise ValueError(f"unknown style {self.name!r}")
 
     def _agent_prefix(self, cluster: Cluster, host_index: int) -> str:
@@ -68,5 +74,6 @@ STYLES: dict[str, Style] = {
         Style("srun_torchrun", "torchrun", True),
         Style("pdsh", "deepspeed", False),
         Style("pdsh_torchrun", "torchrun", True),
+        Style("mpirun", "mpirun", True),
     )
 }

@@ -143,11 +143,14 @@ def write_step(job: Job, extras: bool = True) -> list[str]:
     skew = job.skew
     order = list(range(job.cluster.world_size))
     rng.shuffle(order)
-    lines = [prefixes[r] + flavour.rank_line(job, r, now + skew[r] + 0.03 * rng.random()) for r in order]
+    if flavour.per_rank_lines:
+        lines = [prefixes[r] + flavour.rank_line(job, r, now + skew[r] + 0.03 * rng.random()) for r in order]
+    else:  # only the logging rank reports progress (HF Trainer, NeMo)
+        lines = []
     log_rank = flavour.log_rank()
     summary = flavour.summary(job, now + skew[log_rank] + 0.04)
     if summary:
-        after_own_line = order.index(log_rank) + 1  # a rank's own lines stay in time order
+        after_own_line = order.index(log_rank) + 1 if lines else 0  # a rank's own lines stay in time order
         slots = sorted(rng.randrange(after_own_line, len(lines) + 1) for _ in summary)
         for slot, text in reversed(list(zip(slots, summary))):  # back to front keeps earlier slots valid
             lines.insert(slot, prefixes[log_rank] + text)
@@ -156,6 +159,8 @@ def write_step(job: Job, extras: bool = True) -> list[str]:
         return lines
     if job.noise > 0:
         write_noise(job)
+    if job.realism is not None:
+        job.realism.after_step(job)
     if job.step % job.eval_every == 0:
         periodic(job, flavour.evaluate)
     if job.step % job.ckpt_every == 0:
@@ -230,6 +235,8 @@ def noise_lines(job: Job, rank: int, t: float) -> list[str]:
                 "  warnings.warn("]
     if pick == 8:
         # A retried and recovered upload: mentions a timeout, is not a failure.
+        return ["wandb: Network error (ReadTimeout), entering retry loop."]
+    if not job.nccl_debug:  # without NCCL_DEBUG=INFO NCCL prints no INFO line
         return ["wandb: Network error (ReadTimeout), entering retry loop."]
     return [f"{job.nccl_head(rank)} NCCL INFO NCCL_IB_TIMEOUT set by environment to 22."]
 

@@ -1,0 +1,5 @@
+import sys
+
+from logdx.evaluate.cli import main
+
+sys.exit(main())

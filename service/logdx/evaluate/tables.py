@@ -1,0 +1,110 @@
+"""The figures of a set, per cascade, and the one-screen summary of all sets."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from logdx.evaluate.corpus import FIELDS, JOB_FIELDS, CaseResult, calibration, confusion, summarize
+from logdx.evaluate.runner import Cascade, JobResult, by_cascade
+
+COLUMNS = ("status", "category", "action", "failure_type", "root_line", "culprit")
+_HEAD = {"status": "status", "category": "category", "action": "action", "failure_type": "failure type",
+         "root_line": "root line", "culprit": "culprit", "culprit_rank": "culprit rank", "culprit_host": "culprit host",
+         "step": "div. step"}
+
+
+def set_figures(results: list[JobResult], cascades: list[Cascade]) -> dict[str, dict[str, Any]]:
+    """Per cascade: accuracy per field, confusion (without and with the exit code), calibration."""
+    out: dict[str, dict[str, Any]] = {}
+    for c in cascades:
+        views = by_cascade(results, c.name)
+        if not views:
+            continue
+        exit_views = by_cascade(results, c.name, exit_known=True)
+        out[c.name] = {"accuracy": summarize(views, FIELDS + JOB_FIELDS), "confusion": confusion(views),
+                       "confusion_exit_known": confusion(exit_views) if exit_views else None,
+                       "calibration": calibration(views)}
+    return out
+
+
+def _cell(row: dict[str, float | int]) -> str:
+    if not row["n"]:
+        return "-"
+    if row["n"] < 20:
+        return f"{row['correct']}/{row['n']}"
+    return f"{row['accuracy']:.3f}"
+
+
+def table_lines(title: str, figures: dict[str, dict[str, Any]], extra: tuple[str, ...] = ()) -> list[str]:
+    """A markdown table: one row per cascade, the same columns for every set (plus ``extra`` fields)."""
+    cols = COLUMNS + extra
+    head = (["cascade"] + [_HEAD[c] for c in cols] + ["crashes called healthy", "healthy called failed",
+                                                     "with exit code: crashes called healthy / healthy called failed"])
+    out = [title, "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, fig in figures.items():
+        acc, conf, ex = fig["accuracy"], fig["confusion"], fig["confusion_exit_known"]
+        cells = [name] + [_cell(acc[c]) for c in cols]
+        cells += [f"{conf['crashes_called_healthy']}/{conf['crashes']}", f"{conf['healthy_called_failed']}/{conf['healthy']}"]
+        cells.append(f"{ex['crashes_called_healthy']}/{ex['crashes']} / {ex['healthy_called_failed']}/{ex['healthy']}"
+                     if ex else "-")
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def breakdown_lines(results: list[JobResult], cascade: str, key: Callable[[JobResult], str],
+                    fields: tuple[str, ...]) -> list[str]:
+    """One line per group (``key``): the fields that were scored in it."""
+    groups: dict[str, list[CaseResult]] = defaultdict(list)
+    for r in results:
+        if cascade in r.reports:
+            groups[key(r)].append(r.view(cascade))
+    out = []
+    for name, views in sorted(groups.items()):
+        acc = summarize(views, fields)
+        conf = confusion(views)
+        parts = [f"{_HEAD[f]} {acc[f]['correct']}/{acc[f]['n']}" for f in fields if acc[f]["n"]]
+        if conf["healthy"]:
+            parts.append(f"called failed {conf['healthy_called_failed']}/{conf['healthy']}")
+        out.append(f"    {name} ({len(views)}): " + ", ".join(parts))
+    return out
+
+
+def calibration_lines(figures: dict[str, dict[str, Any]], cascade: str) -> list[str]:
+    rows = figures.get(cascade, {}).get("calibration") or []
+    return ["  calibration of " + cascade + " (right = status, category, failure type, action): " + ", ".join(
+        f"{r['band']} {r['right']}/{r['n']}" for r in rows if r["n"])]
+
+
+def summary_lines(all_figures: dict[str, dict[str, dict[str, Any]]], sizes: dict[str, str]) -> list[str]:
+    """Every set and cascade in one table, the hang and divergence figures after it."""
+    head = ["set", "cascade", *[_HEAD[c] for c in COLUMNS], "crashes → healthy", "healthy → failed",
+            "exit known: crash→healthy / healthy→failed"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for set_name, figures in all_figures.items():
+        for cascade, fig in figures.items():
+            acc, conf, ex = fig["accuracy"], fig["confusion"], fig["confusion_exit_known"]
+            cells = [f"{set_name} ({sizes.get(set_name, '')})", cascade, *[_cell(acc[c]) for c in COLUMNS],
+                     f"{conf['crashes_called_healthy']}/{conf['crashes']}",
+                     f"{conf['healthy_called_failed']}/{conf['healthy']}",
+                     f"{ex['crashes_called_healthy']}/{ex['crashes']} / {ex['healthy_called_failed']}/{ex['healthy']}"
+                     if ex else "-"]
+            out.append("| " + " | ".join(cells) + " |")
+    for set_name, fields in (("hangs", ("culprit_rank", "culprit_host")), ("divergence", ("step",))):
+        for cascade, fig in all_figures.get(set_name, {}).items():
+            acc = fig["accuracy"]
+            parts = [f"{_HEAD[f]} {acc[f]['correct']}/{acc[f]['n']}" for f in fields if acc[f]["n"]]
+            if set_name == "divergence":
+                conf = fig["confusion"]
+                parts.append(f"recovering spikes called failed {conf['healthy_called_failed']}/{conf['healthy']}")
+            out.append(f"{set_name} ({cascade}): " + ", ".join(parts))
+    if "excerpts" in all_figures and "buried" in all_figures:
+        for cascade in all_figures["buried"]:
+            if cascade not in all_figures["excerpts"]:
+                continue
+            a, b = all_figures["excerpts"][cascade]["accuracy"], all_figures["buried"][cascade]["accuracy"]
+            deltas = ", ".join(f"{_HEAD[f]} {b[f]['accuracy'] - a[f]['accuracy']:+.3f}"
+                               for f in ("category", "action", "failure_type", "root_line"))
+            out.append(f"buried minus excerpts ({cascade}): {deltas}")
+    return out
