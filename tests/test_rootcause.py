@@ -156,7 +156,7 @@ def test_an_error_no_rule_names_is_classified_by_the_module_that_raised_it(engin
     assert report.root_cause.text.endswith(exc)
 
 
-def test_the_same_fault_named_by_its_rank_is_the_better_root_line(engine):
+def test_the_exception_line_is_the_root_and_its_named_echo_says_whose_it_was(engine):
     # The traceback comes through the launcher without a prefix; the watchdog line names the rank.
     lines = [x.replace("[rank1]: ", "") for x in tb("/env/lib/python3.10/site-packages/torch/cuda/__init__.py",
                                                    "RuntimeError: CUDA error: uncorrectable ECC error encountered", rank=1)]
@@ -164,7 +164,8 @@ def test_the_same_fault_named_by_its_rank_is_the_better_root_line(engine):
                  "CUDA error: uncorrectable ECC error encountered")
     report = diagnose(engine, lines, exit_code=1)
     assert report.failure_type == "ecc_error"
-    assert "[Rank 1]" in report.root_cause.text and report.culprits.ranks == [1]
+    assert report.root_cause.text == "RuntimeError: CUDA error: uncorrectable ECC error encountered"
+    assert report.culprits.ranks == [1]
 
 
 def test_a_kill_before_the_timeouts_is_their_cause(engine):

@@ -268,6 +268,7 @@ class _Shape:
     template_id: int  # of the variant its lines are counted in (Compressor._stats)
     error: bool
     progress: ProgressShape | None  # how to read a progress line's step, loss... (None: not progress)
+    quiet: int = 0  # 1 when the line has no error word (a count, added per line)
     topology: bool = False  # an NCCL init line: which rank drives which GPU
     stats: TemplateStats | None = None  # the template's statistics (saves a lookup per line)
     # Whether the line's text can hold these words at all, known from the shape: a word without digits
@@ -295,6 +296,7 @@ class _SourceState:
     interval_ema: float | None = None
     last_line: int = 0  # its last line of any kind, and that line's time: which rank went quiet
     last_ts: float | None = None
+    quiet: int = 0  # its lines without an error word: did it go on doing its work?
 
 
 @dataclass
@@ -332,6 +334,7 @@ class Compressor:
         self._last_progress_ts: float | None = None
         self.last_progress: Record | None = None  # the last progress line itself: a stall's anchor
         self.timeline = Timeline()
+        self._quiet = 0  # lines without an error word, all sources
         self._merged: tuple[int, dict[int, int]] | None = None  # (lines_in when computed, merged_ids())
         self._groups: tuple[int, dict[int, int], dict[int, str]] | None = None  # (lines_in, _grouping())
 
@@ -378,6 +381,8 @@ class Compressor:
             source_key = rec.source_key
         src = self._source(source_key)
         src.last_line = line_no
+        src.quiet += shape.quiet
+        self._quiet += shape.quiet
         if ts is not None:
             src.last_ts = ts
         signal = None
@@ -422,6 +427,7 @@ class Compressor:
             or _ALLOCATION.search(text) is not None,
         )
         shape.stats = stats
+        shape.quiet = 0 if error else 1
         shape.loss = b"loss" in key or b"Loss" in key
         shape.traceback = _TRACEBACK_START_BYTES in key
         if shape.error:
@@ -614,10 +620,12 @@ class Compressor:
             if self._last_progress_ts is None or ts > self._last_progress_ts:
                 self._last_progress_ts = ts
         assert shape.progress is not None
-        signal = self.timeline.note(rec, source_key, shape.progress, shape.template_id, encoded)
-        loss = self.timeline.last_loss
-        if loss is not None and math.isfinite(loss):
-            self._last_finite_loss_line[source_key] = rec.line_no
+        progress = shape.progress
+        signal = self.timeline.note(rec, source_key, progress, shape.template_id, encoded)
+        if progress.loss_series:
+            loss = self.timeline.last_loss
+            if loss is not None and math.isfinite(loss):
+                self._last_finite_loss_line[source_key] = rec.line_no
         return signal
 
     def _watch_shape(self, key: bytes, shape: _Shape, rec: Record, source_key: str) -> None:
@@ -802,8 +810,15 @@ class Compressor:
             progress=self._progress(),
         )
 
+    def output_mark(self, source_key: str) -> tuple[int, int]:
+        """(lines without an error word the source printed so far, the same for the whole job)."""
+        src = self._sources.get(source_key)
+        return (src.quiet if src is not None else 0), self._quiet
+
     def _progress(self) -> ProgressSummary:
         progress = self.timeline.summary({k: (s.last_line, s.last_ts) for k, s in self._sources.items()})
+        progress.quiet = {k: s.quiet for k, s in self._sources.items()}
+        progress.job_quiet = self._quiet
         for s in progress.sources:  # a progress line rarely says its host; the rank's other lines do
             if s.host is None and s.rank is not None:
                 s.host = self._rank_hosts.get(s.rank)

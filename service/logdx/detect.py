@@ -45,6 +45,8 @@ _LOGGER_LEVEL = re.compile(r"(?:CRITICAL|ERROR|WARNING|WARN|INFO|DEBUG)\b[:\s]")
 # No watchdog lets a job hang this long: a "gap" that size is two clocks disagreeing, not a stall.
 _CLOCK_JUMP_S = 2 * 86400.0
 _BOX = ("│", "┃", "╭", "╰", "┏", "┗")
+_RETRY = re.compile(r"(?i)\bretrying\b|\bwill retry\b|\[retry \d+/\d+\]|\bretry(?: attempt)? \d+(?:/| of )\d+")
+_RETRY_LINES = 3
 
 
 def _introduces(wrapper: Event, rec: Record) -> bool:
@@ -155,6 +157,7 @@ class Detector:
         self._host_follows: dict[str, Event] = {}  # an event whose host is on one of the next lines
         self._stacks: dict[str, _OpenStack] = {}  # a stack dump being read, per source
         self._reports: dict[str, list[Record]] = {}  # an fr_trace report being read, per source
+        self._last_line_event: dict[str, Event] = {}  # per source: what a "Retrying in 1s" line is about
         self.events_emitted = 0
 
     def feed(self, kept: KeptLine) -> list[Event]:
@@ -180,7 +183,9 @@ class Detector:
             del self._open[key]
         if kept.reason == "error" and not rec.text.startswith(_BOX):
             # A box-drawn line is source code quoted by a rich traceback, not something that happened.
+            self._note_retry(key, rec)
             ev = self._line_event(rec)
+            self._last_line_event[key] = ev
             self._expect_host(ev)
             if ev.exception_type:  # a stray exception line: its message may go on, as after a traceback
                 self._open[key] = _OpenTraceback(event=ev, closed=True, continuation_left=_CONTINUATION_LINES)
@@ -188,6 +193,15 @@ class Detector:
         elif kept.reason == "loss":
             out.append(self._loss_event(kept))
         return self._count(out)
+
+    def _note_retry(self, key: str, rec: Record) -> None:
+        """"Retrying in 1s [Retry 1/5]" right after an error line: the program handles that error by
+        trying again, it does not end with it (the retries that run out end in an error of their own)."""
+        previous = self._last_line_event.get(key)
+        if previous is not None and rec.line_no - previous.line_no <= _RETRY_LINES and _RETRY.search(rec.text):
+            previous.attrs["retried"] = True
+        if len(self._last_line_event) > 8192:
+            self._last_line_event.clear()
 
     def _note_named_host(self, key: str, rec: Record) -> None:
         """A message that ends "... located on node:" names the host on one of its next lines, in a

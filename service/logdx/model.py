@@ -113,6 +113,10 @@ class ProgressMark:
     job_rises: int = 0  # how often the job's highest step had risen
     job_step: float | None = None
     job_lines: int = 0
+    # Lines without an error word the source, and the whole job, had printed: did the process go on
+    # doing its work after an event, in a job that makes no progress (yet)?
+    source_quiet: int = 0
+    job_quiet: int = 0
 
 
 @dataclass(slots=True)
@@ -131,6 +135,7 @@ class SourceProgress:
     lines: int
     advances: int  # progress lines whose counter rose
     steps_per_s: float | None
+    step_delta: float | None = None  # the smallest step between two of its progress lines (its logging interval)
 
 
 @dataclass(slots=True)
@@ -149,6 +154,8 @@ class ProgressSummary:
     checkpoints: list[tuple[int, int]] = field(default_factory=list)  # (step, line_no) saved
     # Every source's last line of any kind (line_no, ts): which rank went quiet first.
     last_output: dict[str, tuple[int, float | None]] = field(default_factory=dict)
+    quiet: dict[str, int] = field(default_factory=dict)  # per source, lines without an error word
+    job_quiet: int = 0
     job_advances: int = 0
     job_rises: int = 0  # how often the job's highest step rose
 

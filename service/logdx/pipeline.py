@@ -248,7 +248,10 @@ class Session:
         timeline = self.compressor.timeline
         for ev in new:
             # Where its rank and the job were when it happened: did they go on after it?
-            ev.attrs.setdefault("progress_at", timeline.mark(ev.anchor.source_key))
+            if "progress_at" not in ev.attrs:
+                mark = timeline.mark(ev.anchor.source_key)
+                mark.source_quiet, mark.job_quiet = self.compressor.output_mark(ev.anchor.source_key)
+                ev.attrs["progress_at"] = mark
             if ev.kind in ("stack_dump", "fr_report"):
                 continue  # read as a whole by the diagnosis (diagnose/hangs.py)
             hits = self.engine.rules.match(ev)

@@ -316,9 +316,10 @@ class _Source:
     step: float | None = None  # the counter of its main loop (the template that advanced most)
     main: int = -1  # that template
     main_value: float | None = None  # its counter (or line count)
+    step_delta: float | None = None  # the smallest rise of its main loop's counter: its logging interval
     loops: dict[int, list[float]] = field(default_factory=dict)  # template -> [last counter, advances]
     plain: dict[int, int] = field(default_factory=dict)  # template of a loss line without a counter -> lines
-    seen: dict[int, int] = field(default_factory=dict)  # template -> lines (the counter-only fast path)
+    main_lines: int = 0  # lines of its main loop (the counter-only fast path samples them)
     pending: tuple[ProgressShape, int, bytes, float | None] | None = None  # its last line, not read yet
     rate_anchor: tuple[float, float] | None = None  # (ts, step) of its first timed step
     rate_last: tuple[float, float] | None = None  # and of its last
@@ -391,12 +392,8 @@ class Timeline:
 
     def __post_init__(self) -> None:
         self._sources: dict[str, _Source] = {}
-        self.lines = 0
-        self.advances = 0  # counter advances of every source
         self.rises = 0  # how often the job's highest step rose (many ranks printing one step: one rise)
         self.max_step: float | None = None
-        self.last_line = 0  # the job's last progress line
-        self.last_ts: float | None = None
         self._loss = _Series()
         self._step_time = _Series()
         self._loss_source: str | None = None  # the one source the loss is read from
@@ -416,17 +413,15 @@ class Timeline:
         returns a loss signal when the line gives one. Most progress lines of a big job are the same
         step printed by every rank: for those only the counter is read, from the line's digit runs;
         the loss and the step time are read from one source only (the first that printed them)."""
-        if not self._reads_series(source_key, shape) and shape.counter_run >= 0 and encoded is not None:
-            return self._count_fast(rec, source_key, shape, template_id, encoded)
+        if shape.counter_run >= 0 and encoded is not None and not (
+                (shape.loss_series or shape.time_series) and self._reads_series(source_key, shape)):
+            self._count_fast(rec, source_key, shape, template_id, encoded)
+            return None
         nums = _NUMBER.findall(rec.text)
         if len(nums) != shape.n_numbers:
             return None  # a line this shape does not describe (a number written another way)
-        self.lines += 1
         self.last_loss = None
         line_no, ts = rec.line_no, rec.ts
-        self.last_line = line_no
-        if ts is not None:
-            self.last_ts = ts
         src = self._sources.get(source_key)
         if src is None:
             if len(self._sources) >= _MAX_SOURCES:
@@ -466,33 +461,27 @@ class Timeline:
 
     def _count_fast(self, rec: Record, source_key: str, shape: ProgressShape, template_id: int,
                     encoded: bytes) -> None:
-        """A counter-only line: its number is read on a loop's first lines and then on one line in
-        `_SAMPLE` (a line of the main loop in between counts as one advance); the last line is kept
-        unread until someone asks where the source is (`mark`, `summary`)."""
-        line_no, ts = rec.line_no, rec.ts
-        self.lines += 1
-        self.last_loss = None
-        self.last_line = line_no
+        """A counter-only line: the number of its loop's first lines is read, then of one line in
+        `_SAMPLE` of the source's main loop (a line in between counts as one advance); the last line is
+        kept unread until someone asks where the source is (`mark`, `summary`)."""
         src = self._sources.get(source_key)
+        line_no, ts = rec.line_no, rec.ts
         if src is None:
             if len(self._sources) >= _MAX_SOURCES:
-                return None
+                return
             src = self._sources[source_key] = _Source(rank=rec.rank, host=rec.host, first_line=line_no,
                                                       last_line=line_no, first_ts=ts)
         src.lines += 1
         src.last_line = line_no
         if ts is not None:
-            self.last_ts = src.last_ts = ts
-        seen = src.seen.get(template_id, 0) + 1
-        src.seen[template_id] = seen
-        if seen > _EXACT_LINES and seen % _SAMPLE and template_id == src.main:
-            src.advances += 1
-            self.advances += 1
-            src.pending = (shape, template_id, encoded, ts)
-            return None
+            src.last_ts = ts
+        if template_id == src.main:
+            n = src.main_lines = src.main_lines + 1
+            if n > _EXACT_LINES and n % _SAMPLE:
+                src.pending = (shape, template_id, encoded, ts)
+                return
         src.pending = None
         self._read_counter(src, shape, template_id, encoded, ts)
-        return None
 
     def _read_counter(self, src: _Source, shape: ProgressShape, template_id: int, encoded: bytes,
                       ts: float | None) -> None:
@@ -532,7 +521,10 @@ class Timeline:
             return
         if src.main_value is not None and value > src.main_value:
             src.advances += 1
-            self.advances += 1
+            if numbered:
+                delta = value - src.main_value
+                if src.step_delta is None or delta < src.step_delta:
+                    src.step_delta = delta
         src.main_value = value
         if not numbered:
             return
@@ -746,10 +738,10 @@ class Timeline:
         return ProgressMark(
             source_advances=src.advances if src is not None else 0,
             source_step=src.step if src is not None else None,
-            job_advances=self.advances,
+            job_advances=sum(s.advances for s in self._sources.values()),
             job_rises=self.rises,
             job_step=self.max_step,
-            job_lines=self.lines,
+            job_lines=sum(s.lines for s in self._sources.values()),
         )
 
     def summary(self, last_output: dict[str, tuple[int, float | None]] | None = None) -> ProgressSummary:
@@ -760,15 +752,15 @@ class Timeline:
             SourceProgress(
                 key=key, rank=s.rank, host=s.host, first_line=s.first_line, last_line=s.last_line,
                 first_step=s.first_step, last_step=s.step, first_ts=s.first_ts, last_ts=s.last_ts,
-                lines=s.lines, advances=s.advances, steps_per_s=s.steps_per_s,
+                lines=s.lines, advances=s.advances, steps_per_s=s.steps_per_s, step_delta=s.step_delta,
             )
             for key, s in self._sources.items()
         ]
         return ProgressSummary(
-            lines=self.lines,
+            lines=sum(s.lines for s in self._sources.values()),
             last_step=self.max_step,
-            last_line=self.last_line,
-            last_ts=self.last_ts,
+            last_line=max((s.last_line for s in self._sources.values()), default=0),
+            last_ts=max((s.last_ts for s in self._sources.values() if s.last_ts is not None), default=None),
             sources=sources,
             loss=list(self._loss.points),
             step_time_s=list(self._step_time.points),
@@ -776,7 +768,7 @@ class Timeline:
             recovered_spikes=list(self.recovered_spikes),
             checkpoints=list(self.checkpoints),
             last_output=dict(last_output or {}),
-            job_advances=self.advances,
+            job_advances=sum(s.advances for s in self._sources.values()),
             job_rises=self.rises,
         )
 

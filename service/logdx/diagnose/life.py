@@ -29,12 +29,15 @@ MIN_ADVANCES = 2
 # WARNING, warnings.warn "...: UserWarning: ...", "Warning:". NCCL prints its errors as "NCCL WARN": not a
 # warning level.
 _WARNING_LEVEL = re.compile(
-    r"^\s*(?:\[W\s?\d{4}\b|\[W [\w.]+:\d+\]|W\d{4} \d|\[?WARN(?:ING)?\]?[\s:\]]|[\w.]*Warning: |Warning: )"
+    r"^\s*(?:\[W\s?\d{3,4}\b|\[W [\w.]+:\d+\]|W\d{3,4} \d|\[?WARN(?:ING)?\]?[\s:\]]|[\w.]*Warning: |Warning: )"
     r"|^\S*\s*-\s*WARNING\s*-|\|\s*WARNING\s*\||\[WARNING\]|:\d+: \w*Warning: ")
 
 
 def is_warning(event: Event) -> bool:
-    """The line of the event is printed at warning level (the program says it goes on)."""
+    """The program says it goes on after this: the line is printed at warning level, or the program
+    announced right after it that it tries again ("Retrying in 1s [Retry 1/5]")."""
+    if event.attrs.get("retried"):
+        return True
     text = event.anchor.text
     return "NCCL WARN" not in text and _WARNING_LEVEL.search(text) is not None
 
@@ -46,20 +49,62 @@ def _source(progress: ProgressSummary, key: str) -> SourceProgress | None:
     return None
 
 
+# Events that end what printed them, by their nature: an exception that reached the top, a process
+# killed, a launcher's report of it, a GPU the kernel gave up on. The others (a line that says
+# something went wrong: a retry, an async event, a logged error) may be what the process went on after.
+_TERMINAL_KINDS = frozenset({"traceback", "signal_exit", "child_failed", "xid", "loss_nan", "loss_spike", "stall",
+                             "stack_dump", "fr_report"})
+# How much a process must go on printing (lines without an error word) after such a line, in a job that
+# makes no progress to judge by, for the line to be one it went on after: its own lines when the log
+# tells the processes apart, the job's when it does not (every process shares one stream).
+_OWN_LINES_AFTER = 20
+_JOB_LINES_AFTER = 100
+
+
 def went_on_after(event: Event, summary: CompressionSummary, *, at_least: int = MIN_ADVANCES) -> bool:
     """The rank that printed the event (when it prints progress of its own), else the whole job,
-    advanced `at_least` times after it."""
+    advanced `at_least` times after it; or, for an event that does not end its process by nature, the
+    process went on doing its work (printing) long after it."""
     mark = event.attrs.get("progress_at")
     if not isinstance(mark, ProgressMark):
         return False
+    if _advanced_after(event, summary, mark, at_least):
+        return True
+    if event.kind in _TERMINAL_KINDS or event.exception_type:
+        return False
+    # Only where training says nothing: once the job makes progress after an event, its progress
+    # decides (the steps in flight when a rank died are printed by the others).
+    return summary.progress.lines == mark.job_lines and _printed_on_after(event, summary, mark)
+
+
+def _printed_on_after(event: Event, summary: CompressionSummary, mark: ProgressMark) -> bool:
+    progress = summary.progress
+    key = event.anchor.source_key
+    if key != "-" and key in progress.quiet:
+        return progress.quiet[key] - mark.source_quiet >= _OWN_LINES_AFTER
+    return progress.job_quiet - mark.job_quiet >= _JOB_LINES_AFTER
+
+
+def _advanced_after(event: Event, summary: CompressionSummary, mark: ProgressMark, at_least: int) -> bool:
+    """Steps, where the log numbers them: the source's (its own progress), else the job's highest, went
+    `at_least` of its logging intervals (the smallest step between two progress lines) past where they
+    were. Where it does not, progress lines counted instead."""
     progress = summary.progress
     own = _source(progress, event.anchor.source_key) if event.anchor.source_key != "-" else None
-    if own is not None and own.advances > 0:
+    if own is not None and (own.advances > 0 or own.last_step is not None):
+        if own.last_step is not None and own.step_delta:
+            before = mark.source_step if mark.source_step is not None else own.first_step
+            return before is not None and own.last_step - before >= at_least * own.step_delta * 0.999
         return own.advances - mark.source_advances >= at_least
     if progress.last_step is not None:
-        # Many ranks print the same step: the job's highest step must have risen, not just more
-        # ranks printed it.
-        return progress.job_rises - mark.job_rises + (mark.job_step is None) >= at_least
+        # Many ranks print the same step: the job's highest step must have moved on, not more ranks
+        # printed it.
+        if mark.job_step is None:
+            return True  # training started after it
+        delta = min((s.step_delta for s in progress.sources if s.step_delta), default=None)
+        if delta:
+            return progress.last_step - mark.job_step >= at_least * delta * 0.999
+        return progress.job_rises - mark.job_rises >= at_least
     return progress.job_advances - mark.job_advances >= at_least
 
 
