@@ -61,6 +61,9 @@ class InputSettings(_Section):
         64 << 20, ge=1 << 20, description="what one received piece of a compressed body may inflate to (413 past it)")
     max_inflate_ratio: float = Field(
         200.0, ge=10, description="past 4 MB decompressed, a body inflating more than this many times (of the input read so far) is refused (413)")
+    max_records: int = Field(
+        1_000_000, ge=1000, description="records (JSON, msgpack, OTLP log records, Loki entries) one request may "
+        "hold; past it 413 too_many_records (text lines are bounded by bytes only)")
 
 
 class CompressSettings(_Section):

@@ -14,7 +14,9 @@ NATS JetStream instead of the spool file, and the answer waits for JetStream's a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -39,6 +41,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 _DRAIN_BYTES = 4 << 20  # after a mid-stream error, read this much more so the client sees the answer
 _DRAIN_SECONDS = 2.0
+_WATCH_S = 0.1  # how often a request whose body is read checks that its client is still there
 FormatName = Literal["auto", "text", "json", "ndjson", "msgpack", "otlp", "otlp-json", "loki", "loki-json"]
 
 uploads = APIRouter(dependencies=[Depends(require_token)], responses=_ERRORS)
@@ -109,8 +112,11 @@ class Receiver:
                     if received > self.limit:
                         raise _too_large(self.limit)
                     await self._chunk(chunk)
-                await self._chunk(None)
-                await self._spool(await self.services.run(self.upload.finish), 0)
+                async with _watching(self.request, self.upload):
+                    await self._chunk(None)
+                    await self._spool(await self.services.run(self.upload.finish), 0)
+                if self.upload.gone.is_set():
+                    raise ClientDisconnect()
             except ApiError as e:
                 self.out.failure = e
             except ClientDisconnect:
@@ -192,7 +198,32 @@ def _open_upload(request: Request, services: Services, job: str | None, fmt: str
     meta = request_meta(settings, request.headers, job)
     name, parser = open_parser(meta, request.headers.get("content-type"), fmt, protobuf)
     decoder = make_decoder(settings, request.headers.get("content-encoding"))
-    return Upload(name, decoder, parser, CpuBudget(settings.server.max_request_cpu_s))
+    upload = Upload(name, decoder, parser, CpuBudget(settings.server.max_request_cpu_s))
+    meta.tick = upload.check
+    return upload
+
+
+@asynccontextmanager
+async def _watching(request: Request, upload: Upload) -> AsyncIterator[None]:
+    """While the work after the body (a document parsed whole, the commit) runs: notice when the
+    client goes away, so that the work stops (`Upload.check`) instead of going on for nobody.
+    Only once the body is read: before that, receiving is the stream's own business."""
+
+    async def watch() -> None:
+        while not await request.is_disconnected():
+            await anyio.sleep(_WATCH_S)
+        upload.gone.set()
+
+    # a bare task, not a task group: the work's own errors must reach the caller as they are
+    task = asyncio.get_running_loop().create_task(watch())
+    try:
+        yield
+    finally:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
 
 
 async def _drain(request: Request) -> None:
@@ -384,7 +415,8 @@ async def diagnose(
             if received > limit:
                 raise _too_large(limit)
             await services.run(feed, chunk)
-        await services.run(feed, None)
+        async with _watching(request, upload):
+            await services.run(feed, None)
     except ApiError:
         await _drain(request)
         raise
