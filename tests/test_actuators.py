@@ -345,6 +345,7 @@ def test_repeated_xid13_on_one_gpu_escalates_to_a_cordon_and_nodes_show_their_hi
     clock.t += 600
     [rec] = actions.apply("job-c", _xid13("gpu-07", 300))
     assert (rec.node, rec.outcome) == ("gpu-07", "ok") and "escalated: Xid 13" in rec.detail and "3 times" in rec.detail
+    assert "counted from job(s) job-a, job-b, job-c" in rec.detail  # per node, and it says which jobs it counted
     info = actions.nodes.get("gpu-07")
     assert info is not None and info.state == "cordoned" and info.events == 3
     assert info.jobs == ["job-c", "job-b", "job-a"] and info.blamed_by_several_jobs

@@ -220,6 +220,16 @@ class ServerSettings(_Section):
     early_diagnosis_delay_s: float = Field(
         2.0, ge=0, description="debounce: diagnose this long after a root-cause line arrives, before the job ends")
     max_sessions: int = Field(256, ge=1, description="job sessions kept in memory; others are rebuilt from spool")
+    max_new_jobs_per_request: int = Field(
+        256, ge=1, description="jobs one upload may create (ids the server did not know); past it 413 too_many_jobs")
+    max_new_jobs_per_client: int = Field(
+        1000, ge=1, description="jobs one client (its credential's name, else its address) may create per "
+        "new_jobs_window_s; past it 429 job_quota")
+    max_new_jobs: int = Field(5000, ge=1, description="jobs all clients together may create per new_jobs_window_s "
+                              "(429 job_quota)")
+    new_jobs_window_s: float = Field(3600.0, gt=0, description="the window of the two job-creation rates above")
+    max_open_jobs: int = Field(
+        20_000, ge=1, description="open jobs at once; a new job past it gets 429 open_jobs_limit")
     spool_dir: Path | None = Field(None, description="per-job line spools; default <data_dir>/spool")
     keep_spool: bool = Field(False, description="keep a job's spool after it ended (default: delete it)")
     access_log: bool = False
@@ -264,8 +274,9 @@ class AlertsSettings(_Section):
     timeout_s: float = Field(10.0, gt=0)
     min_confidence: float = Field(0.0, ge=0, le=1)
     node_dedup_s: float = Field(
-        3600.0, ge=0, description="another job blaming a node already alerted about, for the same failure type, "
-        "within this many seconds is folded into the first alert (0: every job alerts)")
+        3600.0, ge=0, description="another attempt of the same job (a restart, NAME.attempt-N) blaming a node "
+        "already alerted about, for the same failure type, within this many seconds is folded into the first "
+        "alert (0: every attempt alerts); other jobs always get their own alert")
     resolved: bool = Field(True, description="follow an alert with a 'resolved' message when the job later "
                            "succeeds or its node is uncordoned")
 

@@ -72,6 +72,14 @@ class TokenBucket:
             self._refill()
             return 0.0 if self.tokens > 0 else (-self.tokens + 1) / self.rate
 
+    def tokens_now(self) -> float:
+        """The tokens in the bucket now (refilled)."""
+        if not self.enabled:
+            return float("inf")
+        with self._lock:
+            self._refill()
+            return self.tokens
+
     def take(self, n: int) -> None:
         if not self.enabled:
             return

@@ -15,6 +15,8 @@ NATS JetStream instead of the spool file, and the answer waits for JetStream's a
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -36,6 +38,7 @@ from logdx.formats.loki import LOKI_PROTOBUF
 from logdx.formats.otlp import response as otlp_response
 
 T = TypeVar("T")
+log = logging.getLogger("logdx.api")
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 415, 422, 429, 503)
 }
@@ -58,6 +61,7 @@ class Received:
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     failure: ApiError | None = None
     disconnected: bool = False
+    created: list[str] = field(default_factory=list)  # jobs this request created
 
     @property
     def applied(self) -> int:
@@ -74,6 +78,7 @@ class Receiver:
         self.key = key
         self.limit = services.settings.server.max_request_bytes
         self.out = Received()
+        self.client = client_of(request)
 
     async def open_part(self, job_id: str) -> tuple[Job, IngestRequest]:
         """A job's part of this request: the job must be open, under its rate limit, and not already
@@ -82,7 +87,13 @@ class Receiver:
         if part is not None:
             return part
         services, jobs = self.services, self.services.jobs
-        job = await services.run(jobs.get_or_create, job_id)
+        job = await services.run(jobs.get, job_id)
+        if job is None:  # a new job: within the caps on job creation
+            await services.run(services.quota.admit, self.client, len(self.out.created) + 1)
+            job = await services.run(jobs.get_or_create, job_id)
+            self.out.created.append(job_id)
+        else:
+            job = await services.run(jobs.get_or_create, job_id)  # (ended meanwhile: 409 below)
         await services.run(jobs.check_open, job)
         wait = job.bucket.wait_s()
         if wait > 0:
@@ -127,7 +138,23 @@ class Receiver:
             await self._commit(ok=self.out.failure is None and not self.out.disconnected)
         finally:
             self._release()
+        if self.out.failure is not None or self.out.disconnected:
+            await self._drop_created()
         return self.out
+
+    async def _drop_created(self) -> None:
+        """A request that applied nothing leaves no job behind: the jobs it created are dropped again
+        (unless another request has given them lines meanwhile)."""
+        jobs = self.services.jobs
+        dropped = 0
+        for job_id in self.out.created:
+            job = self.out.parts.get(job_id, (None, None))[0]
+            if job is None or (job.lines == 0 and not job.active):
+                try:
+                    dropped += await self.services.run(jobs.forget, job_id, time.time() + 1)
+                except Exception:
+                    log.exception("job %s: could not drop it after a refused request", job_id)
+        self.services.quota.refund(self.client, dropped)
 
     async def _chunk(self, chunk: bytes | None) -> None:
         """Decode, parse and spool a received chunk one piece at a time."""
@@ -170,6 +197,15 @@ class Receiver:
             job.active -= 1
             if self.key is not None:
                 job.inflight_keys.discard(self.key)
+
+
+def client_of(request: Request) -> str:
+    """Who sends: the credential's name when there is one, else the peer's address."""
+    principal = getattr(request.state, "principal", None)
+    name = getattr(principal, "name", None)
+    if name:
+        return f"token:{name}"
+    return f"addr:{request.client.host}" if request.client is not None else "addr:-"
 
 
 def _too_large(limit: int) -> ApiError:
