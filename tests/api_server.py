@@ -121,7 +121,8 @@ class Server:
             "data_dir": str(workdir),
             "llm": {"enabled": False},
             "retrieval": {"enabled": False},
-            "server": {"token": token, "early_diagnosis_delay_s": 0.3, **(server or {})},
+            # Without a token the tests act as the local operator too (an explicit opt-in, as a user's would be).
+            "server": {"token": token, "early_diagnosis_delay_s": 0.3, "local_operator": not token, **(server or {})},
             "alerts": {"backoff_initial_s": 0.2, "backoff_max_s": 1.0, "timeout_s": 5.0},
         }
         if receiver is not None:

@@ -7,7 +7,8 @@ Precedence (later wins): built-in defaults < the file named by `--config` or `LO
 Three more variables keep their own names: `LOGDX_CONFIG` (the file), `LOGDX_DATA_DIR` (the
 `data_dir` setting: where the database, spools, FAISS index and converted model live unless their
 own settings say otherwise) and `LOGDX_RULES_DIR` (the shipped rule packs, for installs outside the
-source tree). A misspelt key, in a file or in a `LOGDX_*` variable, is an error that names the
+source tree). `LOGDX_TOKEN` is the shippers' (their bearer token, as the README's snippets read it):
+logdx accepts it in its environment and never reads it. A misspelt key, in a file or in a `LOGDX_*` variable, is an error that names the
 nearest valid one: a typo never silently falls back to a default.
 
 The stages take their section as it is (`Retriever(store, settings.retrieval)`,
@@ -17,6 +18,7 @@ The stages take their section as it is (`Retriever(store, settings.retrieval)`,
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -33,7 +35,10 @@ ENV_DATA_DIR = "LOGDX_DATA_DIR"
 ENV_RULES_DIR = "LOGDX_RULES_DIR"  # read by logdx.diagnose.rules (where the shipped packs are)
 # What `logdx run` tells the command it runs; logdx itself never reads them as settings.
 RUN_ENV = frozenset({"LOGDX_EXCLUDE_HOSTS", "LOGDX_ATTEMPT", "LOGDX_JOB_ID"})
-_OWN_NAMES = frozenset({ENV_CONFIG, ENV_DATA_DIR, ENV_RULES_DIR}) | RUN_ENV
+# What the README's shipper snippets read (the shipper's bearer token), often from the same `.env` or
+# Kubernetes Secret as the server's settings; logdx never reads it (the server's are server.tokens).
+SHIPPER_ENV = frozenset({"LOGDX_TOKEN"})
+_OWN_NAMES = frozenset({ENV_CONFIG, ENV_DATA_DIR, ENV_RULES_DIR}) | RUN_ENV | SHIPPER_ENV
 DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "logdx"
 
 
@@ -198,6 +203,17 @@ class BusSettings(_Section):
         return v
 
 
+class TokenSpec(_Section):
+    """One named credential of the HTTP API: what it may do (its role) and, for a shipper, the tenant
+    whose jobs it writes. Only the token's SHA-256 is configured, never the token."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$", description="recorded in audits as who acted")
+    role: Literal["shipper", "reader", "operator"]
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description='hex SHA-256 of the token: printf %s "$TOKEN" | sha256sum')
+    tenant: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,63})?$",
+                        description="a shipper with a tenant writes only into jobs of its tenant; empty: every job")
+
+
 class ServerSettings(_Section):
     role: Literal["all", "ingest", "worker"] = Field(
         "all", description="with bus.url: ingest (accept uploads, answer reads), worker (diagnose the partitions "
@@ -208,7 +224,13 @@ class ServerSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8077, ge=1, le=65535)
     workers: int = Field(1, ge=1)
-    token: str = ""
+    token: str = Field("", description="one shared bearer token, an operator (prefer tokens: named, hashed, with roles)")
+    tokens: list[TokenSpec] = Field(
+        default_factory=list, description="named tokens with roles (shipper, reader, operator), stored as SHA-256; "
+        "LOGDX_SERVER__TOKENS takes them as a JSON list")
+    local_operator: bool = Field(
+        False, description="without any token (a loopback-only server), allow the operator endpoints (breaker "
+        "reset, uncordon, incident edits, feedback) to any local caller")
     max_request_bytes: int = Field(512 * 1024 * 1024, ge=1024)
     max_request_cpu_s: float = Field(
         60.0, ge=0, description="CPU seconds one upload may cost (decode, parse, apply); past it 429 cpu_limit, "
@@ -509,9 +531,22 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         assert sub is not None
         parsed: Any = value
         if get_origin(sub.model_fields[key].annotation) is list:
-            parsed = [v for v in value.split(",") if v]
+            if _section_model(sub.model_fields[key].annotation) is not None:  # a list of objects: JSON
+                parsed = _json_list(name, value)
+            else:
+                parsed = [v for v in value.split(",") if v]
         out.setdefault(section, {})[key] = parsed
     return out
+
+
+def _json_list(name: str, value: str) -> list[Any]:
+    try:
+        parsed = json.loads(value)
+    except ValueError as e:
+        raise ConfigError(f"{name}: not a JSON list of objects ({e.args[0][:80]})") from None
+    if not isinstance(parsed, list):
+        raise ConfigError(f"{name}: not a JSON list of objects")
+    return parsed
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ import anyio
 import anyio.to_thread
 
 from logdx.act.respond import Responder, Response
+from logdx.api.auth import Authenticator, Tenants
 from logdx.api.background import Actor, Effect
 from logdx.api.guard import REFUSAL_REASONS
 from logdx.api.jobs import Job, JobManager
@@ -48,6 +49,8 @@ class Services:
     actor: Actor
     sweeper: Sweeper
     quota: JobQuota
+    auth: Authenticator
+    tenants: Tenants
     engine: Engine | None = None
     startup_error: str | None = None
     recovering: int = 0
@@ -76,7 +79,8 @@ class Services:
             metrics.refused.labels(reason)
         services = cls(settings=settings, db=db, incidents=incidents, jobs=jobs, metrics=metrics,
                        responder=responder, actor=actor, sweeper=sweeper,
-                       quota=JobQuota(settings.server, lambda: _open_jobs(db)))
+                       quota=JobQuota(settings.server, lambda: _open_jobs(db)),
+                       auth=Authenticator(settings.server), tenants=Tenants(db))
         metrics.add_state(services._gauges)
         return services
 

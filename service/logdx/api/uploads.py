@@ -28,7 +28,8 @@ from starlette.requests import ClientDisconnect
 
 from logdx.act.report import Report
 from logdx.api import schemas
-from logdx.api.deps import EngineDep, JobId, ServicesDep, require_token, retry_after
+from logdx.api.auth import INGEST
+from logdx.api.deps import EngineDep, JobId, ServicesDep, permit, retry_after
 from logdx.api.errors import ApiError, ErrorBody
 from logdx.api.ingest import CpuBudget, Upload, make_decoder, open_parser, request_meta, runs_by_job
 from logdx.api.jobs import IngestRequest, Job
@@ -40,14 +41,14 @@ from logdx.formats.otlp import response as otlp_response
 T = TypeVar("T")
 log = logging.getLogger("logdx.api")
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 415, 422, 429, 503)
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 415, 422, 429, 503)
 }
 _DRAIN_BYTES = 4 << 20  # after a mid-stream error, read this much more so the client sees the answer
 _DRAIN_SECONDS = 2.0
 _WATCH_S = 0.1  # how often a request whose body is read checks that its client is still there
 FormatName = Literal["auto", "text", "json", "ndjson", "msgpack", "otlp", "otlp-json", "loki", "loki-json"]
 
-uploads = APIRouter(dependencies=[Depends(require_token)], responses=_ERRORS)
+uploads = APIRouter(dependencies=[Depends(permit(INGEST, "upload logs"))], responses=_ERRORS)
 
 
 # --- one request, many jobs ----------------------------------------------------------------------
@@ -88,11 +89,14 @@ class Receiver:
             return part
         services, jobs = self.services, self.services.jobs
         job = await services.run(jobs.get, job_id)
-        if job is None:  # a new job: within the caps on job creation
+        principal = self.request.state.principal
+        if job is None:  # a new job: within the caps on job creation, bound to the caller's tenant
             await services.run(services.quota.admit, self.client, len(self.out.created) + 1)
             job = await services.run(jobs.get_or_create, job_id)
             self.out.created.append(job_id)
+            await services.run(lambda: services.tenants.check(principal, job_id, created=True))
         else:
+            await services.run(services.tenants.check, principal, job_id)
             job = await services.run(jobs.get_or_create, job_id)  # (ended meanwhile: 409 below)
         await services.run(jobs.check_open, job)
         wait = job.bucket.wait_s()
@@ -377,7 +381,7 @@ def _routed_answer(upload: Upload, out: Received) -> dict[str, Any]:
 
 
 @uploads.post("/v1/logs", tags=["shippers"], summary="OpenTelemetry logs (OTLP/HTTP), or any format routed by job",
-              response_model=schemas.RoutedIngestResponse, openapi_extra=_BODIES,
+              response_model=schemas.RoutedIngestResponse | schemas.OtlpExportResponse, openapi_extra=_BODIES,
               description="OTLP/HTTP logs, protobuf or JSON: each record's job comes from `X-Logdx-Job`, else "
                           "its resource or record attributes (`job.id`, `slurm.job.id`, `k8s.job.name`, ..., "
                           "see `input.job_keys`). Answers an `ExportLogsServiceResponse` in the request's "
