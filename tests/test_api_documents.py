@@ -238,3 +238,40 @@ def test_loki_snappy_push_still_works(server: Server) -> None:
                    headers={"content-type": "application/x-protobuf"})
         assert r.status_code == 200 and r.json()["refused"] == {"empty": 1}, r.text
         assert c.get("/v1/jobs/loki-ok").json()["lines"] == 100
+
+
+# -- the small ones (issue 20 point 6) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs/mp-job/logs", "/v1/logs", "/loki/api/v1/push"])
+def test_the_seven_byte_msgpack_body_is_a_4xx_on_every_upload_endpoint(server: Server, path: str) -> None:
+    body = bytes.fromhex("92 01 81 91 01 a1 78")  # [1, {[1]: "x"}]: a map keyed by a list
+    with server.client() as c:
+        r = c.post(path, content=body, headers={"content-type": "application/msgpack", "x-logdx-job": "mp-job"})
+    assert 400 <= r.status_code < 500 and r.json()["error"]["code"] == "malformed_msgpack", r.text
+
+
+@pytest.mark.parametrize("exit_code", [False, True, "1", 1.5])
+def test_an_exit_code_must_be_an_integer(server: Server, exit_code: object) -> None:
+    with server.client() as c:
+        assert c.post("/v1/jobs/exit-job/logs", content=b"a line\n", headers={"x-a": "1"}).status_code == 200
+        r = c.post("/v1/jobs/exit-job/end", json={"exit_code": exit_code})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
+        assert c.get("/v1/jobs/exit-job").json()["state"] == "open"
+
+
+def test_the_otlp_json_answer_is_the_declared_one(server: Server) -> None:
+    """The answer to OTLP JSON is an ExportLogsServiceResponse: the schema /v1/logs declares it."""
+    with server.client() as c:
+        schema = c.get("/openapi.json").json()
+        answer = c.post("/v1/logs", json={"resourceLogs": [{"scopeLogs": [{"logRecords": [
+            {"body": {"stringValue": "no job here"}},
+            {"body": {"stringValue": "x"}, "attributes": [{"key": "job.id", "value": {"stringValue": "otlp-ans"}}]}]}]}]})
+    assert answer.status_code == 200, answer.text
+    declared = schema["paths"]["/v1/logs"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+    names = {ref["$ref"].rsplit("/", 1)[-1] for ref in declared["anyOf"]}
+    assert names == {"RoutedIngestResponse", "OtlpExportResponse"}
+    otlp = schema["components"]["schemas"]["OtlpExportResponse"]
+    assert set(answer.json()) <= set(otlp["properties"]) and answer.json()["partialSuccess"]["rejectedLogRecords"] == "1"
+    partial = schema["components"]["schemas"]["OtlpPartialSuccess"]["properties"]
+    assert set(answer.json()["partialSuccess"]) == set(partial)

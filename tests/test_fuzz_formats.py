@@ -29,6 +29,7 @@ from logdx.formats import FORMATS, FormatError, Meta
 from logdx.formats.codecs import CodecError, inflater, zstd
 from logdx.formats.loki import PushRequest
 
+pytestmark = pytest.mark.slow  # bounded by example counts; in `make test`, not `make test-fast`
 FUZZ_EXAMPLES = int(os.environ.get("LOGDX_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
