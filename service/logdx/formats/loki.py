@@ -156,7 +156,7 @@ class LokiProtobuf(Document):
 _PUSH = "Loki PushRequest"
 
 
-def snappy_block(body: bytes, limit: int, what: str) -> bytes:
+def snappy_block(body: bytes, limit: int, what: str) -> bytearray:
     """Snappy's block format, inflated only when the size its header declares is within `limit`
     (a 2 MB body may declare 4 GB); cramjam then refuses data that does not make exactly that size."""
     try:
@@ -171,7 +171,9 @@ def snappy_block(body: bytes, limit: int, what: str) -> bytes:
         written = cramjam.snappy.decompress_raw_into(body, out)
     except cramjam.DecompressionError as e:
         raise FormatError("bad", "bad_encoding", f"{what} is snappy-compressed (block format): {e}") from None
-    return bytes(out[:written])
+    if written != size:
+        del out[written:]
+    return out  # no copy: the document is read field by field from this buffer
 
 
 def looks_loki_json(head: bytes) -> bool:
