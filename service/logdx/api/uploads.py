@@ -322,7 +322,11 @@ retry counts once).
   recognised by its first key.
 - `application/msgpack`: Fluent Bit's default format.
 - `application/x-protobuf`: OTLP logs.
-- `Content-Encoding: gzip` (or a gzip body recognised by its magic bytes).
+- `Content-Encoding: gzip` (or a gzip body recognised by its magic bytes), `deflate`, `zstd`, `snappy`
+  (block or framed) or `x-snappy-framed`: inflated a piece at a time and judged on what it produces.
+- At most `input.max_records` records (413 `too_many_records`); a record with an empty message makes no
+  line (counted in `refused.empty`). A job the server does not know yet is created within the caps on
+  new jobs (413 `too_many_jobs`, 429 `job_quota`, 429 `open_jobs_limit`).
 
 Lines are durable (spooled and fsync'd) before the 2xx. A 4xx after part of the body was read
 applies none of it (`error.accepted_lines` is 0), except a CPU cut (429 `cpu_limit`), which says how
