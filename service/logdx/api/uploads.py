@@ -147,18 +147,28 @@ class Receiver:
         return self.out
 
     async def _drop_created(self) -> None:
-        """A request that applied nothing leaves no job behind: the jobs it created are dropped again
-        (unless another request has given them lines meanwhile)."""
-        jobs = self.services.jobs
+        """A request that applied nothing leaves no job behind: the jobs it created are dropped again,
+        unless another request used them meanwhile (its own commit is the only one the row counts).
+        With several replicas a job is shared the moment it exists (its owner may hold lines of other
+        requests not yet counted in the row): retention sweeps those instead."""
+        if self.services.cluster is not None:
+            return
         dropped = 0
         for job_id in self.out.created:
             job = self.out.parts.get(job_id, (None, None))[0]
-            if job is None or (job.lines == 0 and not job.active):
-                try:
-                    dropped += await self.services.run(jobs.forget, job_id, time.time() + 1)
-                except Exception:
-                    log.exception("job %s: could not drop it after a refused request", job_id)
+            if job is not None and (job.lines or job.active):
+                continue
+            try:
+                dropped += await self.services.run(self._forget_unused, job_id)
+            except Exception:
+                log.exception("job %s: could not drop it after a refused request", job_id)
         self.services.quota.refund(self.client, dropped)
+
+    def _forget_unused(self, job_id: str) -> bool:
+        row = self.services.db.query("SELECT lines, requests FROM api_jobs WHERE job_id = ?", (job_id,))
+        if not row or row[0]["lines"] or row[0]["requests"] > 1:
+            return False
+        return self.services.jobs.forget(job_id, time.time() + 1)
 
     async def _chunk(self, chunk: bytes | None) -> None:
         """Decode, parse and spool a received chunk one piece at a time."""
