@@ -121,7 +121,8 @@ class Server:
             "data_dir": str(workdir),
             "llm": {"enabled": False},
             "retrieval": {"enabled": False},
-            "server": {"token": token, "early_diagnosis_delay_s": 0.3, **(server or {})},
+            # Without a token the tests act as the local operator too (an explicit opt-in, as a user's would be).
+            "server": {"token": token, "early_diagnosis_delay_s": 0.3, "local_operator": not token, **(server or {})},
             "alerts": {"backoff_initial_s": 0.2, "backoff_max_s": 1.0, "timeout_s": 5.0},
         }
         if receiver is not None:
@@ -143,7 +144,9 @@ class Server:
         come from any web page, and is refused)."""
         return {"authorization": f"Bearer {self.token}"} if self.token else {"x-requested-with": "logdx-tests"}
 
-    def start(self, timeout: float = 60.0) -> Server:
+    def start(self, timeout: float = 60.0, ready: bool = True) -> Server:
+        """Start the server and wait until it is ready (`ready`), or only until it answers at all
+        (its engine may still be loading: uploads are accepted then)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOGDX_")}
         env.update({"LOGDX_CONFIG": str(self.config_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                     "PYTHONUNBUFFERED": "1"})
@@ -157,7 +160,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                r = httpx.get(self.url + "/readyz", timeout=1.0)
+                r = httpx.get(self.url + ("/readyz" if ready else "/healthz"), timeout=1.0)
                 if r.status_code == 200:
                     return self
             except httpx.HTTPError:

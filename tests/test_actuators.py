@@ -345,6 +345,7 @@ def test_repeated_xid13_on_one_gpu_escalates_to_a_cordon_and_nodes_show_their_hi
     clock.t += 600
     [rec] = actions.apply("job-c", _xid13("gpu-07", 300))
     assert (rec.node, rec.outcome) == ("gpu-07", "ok") and "escalated: Xid 13" in rec.detail and "3 times" in rec.detail
+    assert "counted from job(s) job-a, job-b, job-c" in rec.detail  # per node, and it says which jobs it counted
     info = actions.nodes.get("gpu-07")
     assert info is not None and info.state == "cordoned" and info.events == 3
     assert info.jobs == ["job-c", "job-b", "job-a"] and info.blamed_by_several_jobs
@@ -414,6 +415,31 @@ def test_a_placeholder_in_a_shell_script_text_is_refused_and_positional_argument
     job = "a$(touch " + str(tmp_path / "pwned") + ")"
     assert Actions(db, s).apply(job, make_report())[-1].outcome == "ok"
     assert out_file.read_text() == job and not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("template", [
+    "sh -ec 'sbatch {job_id}.sbatch'",  # -c among other options
+    "bash -xc 'sbatch {job_id}.sbatch'",
+    "env bash -c 'sbatch {job_id}.sbatch'",  # behind env
+    "/usr/bin/env LC_ALL=C /bin/sh -c 'sbatch {job_id}.sbatch'",
+    "nice -n 5 timeout 60 bash -o pipefail -c 'scancel {job_id} | cat'",
+    "sudo -u slurm sh -euc 'sbatch --dependency=afterany:{job_id} x'",
+    ["env", "zsh", "-lc", "requeue {hosts}"],
+    "busybox sh -c 'echo {node}'",
+])
+def test_a_placeholder_in_a_shell_script_text_is_refused_however_the_shell_is_called(template):
+    """Issue 20 point 6: `sh -ec` and `env bash -c` slipped past the check."""
+    with pytest.raises(TemplateError, match="parsed by the shell"):
+        fill_command(template, {"job_id": "x", "hosts": "a", "node": "n"})
+
+
+@pytest.mark.parametrize("template", [
+    "env bash -c 'sbatch \"$1\".sbatch' bash {job_id}",  # the value is the script's argument
+    "sh -e /opt/requeue.sh {job_id}",  # a script file, no -c
+    "bash --rcfile /etc/x.rc /opt/requeue.sh {hosts}",
+])
+def test_shell_commands_that_pass_values_as_arguments_are_fine(template):
+    assert fill_command(template, {"job_id": "x", "hosts": "a"})
 
 
 def test_restart_hook_dry_run_and_failure(kube, db, tmp_path):

@@ -356,19 +356,37 @@ def test_environment_is_not_consulted_for_destinations(rx, db, monkeypatch):
 # -- what was done, dedup across jobs, resolved -----------------------------------------------------
 
 
-def test_jobs_sharing_a_bad_node_alert_once_within_the_window(rx, db):
+def test_restarts_of_one_job_on_a_bad_node_alert_once_within_the_window(rx, db):
     clock = Clock()
     out = Outbox(db, settings(rx, node_dedup_s=3600), clock=clock)
-    assert out.enqueue("job-1", make_report()) is True
+    assert out.enqueue("run-7.attempt-1", make_report()) is True
     clock.t += 600
-    assert out.enqueue("job-2", make_report(root="node-17: NVRM: Xid (PCI:0000:8a:00): 48, later")) is False
+    # its restart lands on the same node and fails alike: folded into the first attempt's alert
+    assert out.enqueue("run-7.attempt-2", make_report(root="node-17: NVRM: Xid (PCI:0000:8a:00): 48, later")) is False
     assert out.counters[("enqueue", "folded")] == 1
-    assert out.enqueue("job-3", make_report(failure_type="nvlink_error")) is True  # another failure type
+    assert out.enqueue("run-7.attempt-3", make_report(failure_type="nvlink_error")) is True  # another failure type
     other = make_report(culprits=Culprits(hosts=["node-18"], ranks=[1]))
-    assert out.enqueue("job-4", other) is True  # another node
+    assert out.enqueue("run-7.attempt-4", other) is True  # another node
     clock.t += 3600
-    assert out.enqueue("job-5", make_report()) is True  # outside the window
+    assert out.enqueue("run-7.attempt-5", make_report()) is True  # outside the window
     assert out.deliver_due() == 4
+
+
+def test_another_job_failing_alike_on_the_same_node_gets_its_own_alert(rx, db):
+    """Issue 20 point 3: two unrelated KeyErrors on one node, in two jobs: two alerts, never one
+    folded into the other (and a hardware fault on a shared node is news to each job's owner too)."""
+    clock = Clock()
+    out = Outbox(db, settings(rx, node_dedup_s=3600), clock=clock)
+    key_error = dict(category="script", failure_type="key_error", action="no_restart",
+                     culprits=Culprits(hosts=["node-17"], ranks=[0]))
+    assert out.enqueue("train-a", make_report(root="KeyError: 'labels'", **key_error)) is True
+    clock.t += 60
+    assert out.enqueue("train-b", make_report(root="KeyError: 'input_ids'", **key_error)) is True
+    assert out.enqueue("train-c", make_report()) is True
+    assert out.enqueue("train-d", make_report(root="node-17: NVRM: Xid (PCI:0000:8a:00): 48, later")) is True
+    assert out.counters[("enqueue", "folded")] == 0
+    assert out.deliver_due() == 4
+    assert sorted(r.json()["data"]["job_id"] for r in rx.wait_for(4)) == ["train-a", "train-b", "train-c", "train-d"]
 
 
 def test_resolved_follows_an_alert_when_the_job_succeeds_or_the_node_comes_back(rx, db):

@@ -139,3 +139,74 @@ def test_sigkill_mid_stream_loses_no_acked_line_and_sends_no_alert_twice(tmp_pat
         up.set()
         srv.stop()
         receiver.close()
+
+
+def _site_rules(folder: Path, n: int = 3000) -> Path:
+    """A site's own rule pack of `n` rules: a real reason for an engine to take a few seconds to load
+    (the window in which uploads arrive before it is ready)."""
+    import yaml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rules = [{"id": f"site-fs-{i}", "title": f"site filesystem {i} lost quorum", "role": "root_cause",
+              "category": "infrastructure", "failure_type": "storage_error", "severity": "low", "confidence": 0.5,
+              "match": {"patterns": [f"sitefs-{i:05d} backend (?:lost|dropped) quorum"]},
+              "examples": [f"sitefs-{i:05d} backend lost quorum"]} for i in range(n)]
+    (folder / "site.yaml").write_text(yaml.safe_dump({"pack": "site", "description": "site storage", "rules": rules}))
+    return folder
+
+
+def _ready(url: str) -> bool | None:
+    """Whether the server's engine is loaded (None: the server does not answer)."""
+    try:
+        return httpx.get(url + "/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return None
+
+
+def test_retries_during_start_up_count_once_across_sigkills(tmp_path: Path) -> None:
+    """Issue 20 point 2: a retry with the same Idempotency-Key that reaches a restarted server while it
+    is still loading is answered as the first request was (the ledger of committed requests is read
+    from the spool, whatever the engine's state), and a replay applies each key once. Two SIGKILLs
+    while 16 shippers stream; every acknowledged line counts once."""
+    job = make_job(ranks=16, steps=120, culprit=5)
+    total = sum(len(v) for v in job.values())
+    srv = Server(tmp_path / "srv", extra={"rules": {"dirs": [str(_site_rules(tmp_path / "rules"))]}}).start()
+    up = threading.Event()
+    up.set()
+    shippers = [Shipper(r, _requests(r, job[r], 6), pause_s=0.03) for r in range(16)]
+    answered_loading = 0
+    try:
+        for s in shippers:
+            s.thread = threading.Thread(target=s.run, args=(lambda: srv.url, up), daemon=True)
+            s.thread.start()
+        for kill in range(2):
+            deadline = time.monotonic() + 60
+            while sum(s.acked for s in shippers) < total * (kill + 1) // 4:
+                assert time.monotonic() < deadline, "the shippers made no progress"
+                time.sleep(0.01)
+            srv.kill()
+            # the restarted server takes uploads before its engine is loaded: the shippers retry at once
+            srv.start(ready=False)
+            # an answer lost in the crash: the same request sent again while the engine loads
+            key, body, n = shippers[0].requests[0]
+            while _ready(srv.url) is False:
+                r = httpx.post(f"{srv.url}/v1/jobs/{JOB}/logs", content=body, headers={"idempotency-key": key},
+                               timeout=30)
+                assert r.status_code == 200, r.text
+                assert r.json()["duplicate"] is True and r.json()["accepted_lines"] == n, r.text
+                if _ready(srv.url) is False:
+                    answered_loading += 1
+        for s in shippers:
+            assert s.thread is not None
+            s.thread.join(120)
+        assert all(s.error is None for s in shippers), [s.error for s in shippers if s.error]
+        assert sum(s.acked for s in shippers) == total
+        assert answered_loading > 0, "no retry reached the server while it was loading: nothing was tested"
+        with srv.client() as c:
+            detail = c.get(f"/v1/jobs/{JOB}").json()
+            report = c.post(f"/v1/jobs/{JOB}/end", json={"exit_code": 1}).json()
+        assert detail["lines"] == total, (detail["lines"], total)
+        assert report["compression"]["lines_in"] == total
+    finally:
+        up.set()
+        srv.stop()

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from logdx.api.auth import Authenticator
 from logdx.api.errors import ApiError
 from logdx.api.ingest import Decoder
-from logdx.api.limits import TokenBucket, check_job_id, is_loopback, token_matches
+from logdx.api.limits import TokenBucket, check_job_id, is_loopback
 from logdx.api.spool import DATA, END, InstanceLock, Spool, decode_runs, encode_runs
+from logdx.config import ServerSettings
 from logdx.formats import Batch, FormatError, Meta, choose
 from logdx.formats.fields import parse_ts
 from logdx.formats.records import RecordsParser
@@ -220,8 +222,12 @@ def test_limits() -> None:
     for bad in ("", "-a", ".a", "a/b", "a\n", "x" * 129, "ä"):
         with pytest.raises(ApiError):
             check_job_id(bad)
-    assert token_matches("Bearer abc", "abc") and token_matches("bearer  abc ", "abc")
-    assert not token_matches("Bearer abd", "abc") and not token_matches(None, "abc") and not token_matches("abc", "abc")
+    auth = Authenticator(ServerSettings(token="abc"))
+    assert auth.identify("Bearer abc").name == "server.token" and auth.identify("bearer  abc ").role == "operator"
+    for bad in ("Bearer abd", None, "abc", "Basic abc", "Bearer "):
+        with pytest.raises(ApiError) as e:
+            auth.identify(bad)
+        assert e.value.status == 401
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost") and is_loopback("127.9.9.9")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.1") and not is_loopback("example.com")
     now = [0.0]

@@ -201,3 +201,22 @@ def test_a_message_whose_host_is_in_its_next_lines_names_it(engine):
     # a "hostname:" field that no such message introduced names nothing
     far = lines + ORTE_BOX[:3] + [lines[0]] * 3 + ["  hostname:  gpu-node-02"]  # 4 lines on, unkept ones between
     assert diagnose(engine, far).culprits.hosts == []
+
+
+@pytest.mark.parametrize("line", [
+    "srun: error: Node failure on gpu[001-512]",
+    "srun: error: Node failure on gpu-node-01,gpu-node-02",
+    "srun: error: Node failure on gpu-*",
+])
+def test_a_refused_host_token_is_no_culprit_not_even_the_printers_host(engine, line):
+    """Issue 20 point 4: the line arrives on a stream that names its host (X-Logdx-Host, a record's
+    host field): the range is refused, and the host that printed the line is not blamed instead."""
+    from logdx.normalize import Source
+
+    session = engine.new_session()
+    session.feed_lines(job([]))
+    session.feed_runs([(Source(host="gpu-node-01"), [line.encode()])])
+    report = session.report(exit_code=1)
+    assert report.culprits.hosts == [] and report.culprits.ranks == [], report.culprits
+    assert report.action != "cordon_and_restart"
+    assert any("range, list or pattern" in n for n in report.notes), report.notes

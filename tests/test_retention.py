@@ -25,7 +25,7 @@ SHIPPER = {"x-requested-with": "retention-test"}
 def settings_for(tmp: Path, receiver: Receiver, **retention: Any) -> Settings:
     return Settings.model_validate({
         "data_dir": str(tmp), "llm": {"enabled": False}, "retrieval": {"enabled": False},
-        "server": {"early_diagnosis_delay_s": 0.1},
+        "server": {"early_diagnosis_delay_s": 0.1, "local_operator": True},  # feedback is an operator's
         "alerts": {"webhooks": [{"url": receiver.url + "/hook", "secret": WEBHOOK_SECRET}],
                    "backoff_initial_s": 0.1, "backoff_max_s": 0.5},
         "actions": {"actuator": "slurm", "dry_run": True},

@@ -1,5 +1,6 @@
-"""Schemathesis against the served OpenAPI, with and without a token: no request it makes, valid or
-not, gets a 5xx (issue 14). Both runs go at once, each within a time budget (about 40 s together)."""
+"""Schemathesis against the served OpenAPI, with a token, without one, and with a tenant's shipper token
+among named tokens with roles: no request it makes, valid or not, gets a 5xx (issues 14 and 20). The
+runs go at once, each within a time budget (about 40 s together)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from api_server import Server
 pytestmark = pytest.mark.integration
 
 TOKEN = "schemathesis-token"
+SHIPPER_TOKEN = "schemathesis-shipper-token"
 # Per run; the two runs are concurrent. One worker each: schemathesis' threads can trip a CPython 3.11 race
 # in ast.parse ("AST constructor recursion depth mismatch"), a failure of the tool, not of logdx.
 BUDGET_S = 30
@@ -31,18 +33,26 @@ def _command(server: Server, headers: dict[str, str], seed: int) -> list[str]:
 
 
 def test_no_request_gets_a_5xx(tmp_path: Path) -> None:
+    from logdx.api.auth import token_digest
+
+    roles = [{"name": "fluentbit", "role": "shipper", "tenant": "team-a", "sha256": token_digest(SHIPPER_TOKEN)},
+             {"name": "grafana", "role": "reader", "sha256": token_digest("reader-" + SHIPPER_TOKEN)}]
     servers = {
         "token": Server(tmp_path / "token", token=TOKEN),
         # No token: a POST needs an X- header or a JSON body (issue 14 point 3); with one, every route is reached.
         "open": Server(tmp_path / "open"),
+        # Named tokens with roles: a tenant's shipper meets 403s on the routes it may not use, never a 5xx.
+        "roles": Server(tmp_path / "roles", server={"tokens": roles}),
     }
+    headers = {name: server.headers for name, server in servers.items()}
+    headers["roles"] = {"authorization": f"Bearer {SHIPPER_TOKEN}"}
     runs: dict[str, subprocess.Popen[str]] = {}
     try:
         for server in servers.values():
             server.start()
         for seed, (name, server) in enumerate(servers.items(), start=14):
             out = tmp_path / name
-            runs[name] = subprocess.Popen(_command(server, server.headers, seed), cwd=out, text=True,
+            runs[name] = subprocess.Popen(_command(server, headers[name], seed), cwd=out, text=True,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           env={**os.environ, "NO_COLOR": "1"})
         outputs = {name: proc.communicate(timeout=BUDGET_S + 120)[0] for name, proc in runs.items()}
@@ -69,7 +79,7 @@ def test_the_two_500s_it_found_are_4xx(tmp_path: Path) -> None:
     from logdx.config import Settings
 
     settings = Settings.model_validate({"data_dir": str(tmp_path), "llm": {"enabled": False},
-                                        "retrieval": {"enabled": False}})
+                                        "retrieval": {"enabled": False}, "server": {"local_operator": True}})
     with LoopbackApp(settings) as app, httpx.Client(base_url=app.url, headers={"x-requested-with": "t"}) as c:
         r = c.get("/v1/jobs", params={"offset": 4647546574578790283870208})
         assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text

@@ -7,7 +7,8 @@ Precedence (later wins): built-in defaults < the file named by `--config` or `LO
 Three more variables keep their own names: `LOGDX_CONFIG` (the file), `LOGDX_DATA_DIR` (the
 `data_dir` setting: where the database, spools, FAISS index and converted model live unless their
 own settings say otherwise) and `LOGDX_RULES_DIR` (the shipped rule packs, for installs outside the
-source tree). A misspelt key, in a file or in a `LOGDX_*` variable, is an error that names the
+source tree). `LOGDX_TOKEN` is the shippers' (their bearer token, as the README's snippets read it):
+logdx accepts it in its environment and never reads it. A misspelt key, in a file or in a `LOGDX_*` variable, is an error that names the
 nearest valid one: a typo never silently falls back to a default.
 
 The stages take their section as it is (`Retriever(store, settings.retrieval)`,
@@ -19,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import difflib
+import json
 import os
 import re
 import tomllib
@@ -36,7 +38,10 @@ ENV_DATA_DIR = "LOGDX_DATA_DIR"
 ENV_RULES_DIR = "LOGDX_RULES_DIR"  # read by logdx.diagnose.rules (where the shipped packs are)
 # What `logdx run` tells the command it runs; logdx itself never reads them as settings.
 RUN_ENV = frozenset({"LOGDX_EXCLUDE_HOSTS", "LOGDX_ATTEMPT", "LOGDX_JOB_ID"})
-_OWN_NAMES = frozenset({ENV_CONFIG, ENV_DATA_DIR, ENV_RULES_DIR}) | RUN_ENV
+# What the README's shipper snippets read (the shipper's bearer token), often from the same `.env` or
+# Kubernetes Secret as the server's settings; logdx never reads it (the server's are server.tokens).
+SHIPPER_ENV = frozenset({"LOGDX_TOKEN"})
+_OWN_NAMES = frozenset({ENV_CONFIG, ENV_DATA_DIR, ENV_RULES_DIR}) | RUN_ENV | SHIPPER_ENV
 DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "logdx"
 
 
@@ -94,6 +99,9 @@ class InputSettings(_Section):
         64 << 20, ge=1 << 20, description="what one received piece of a compressed body may inflate to (413 past it)")
     max_inflate_ratio: float = Field(
         200.0, ge=10, description="past 4 MB decompressed, a body inflating more than this many times (of the input read so far) is refused (413)")
+    max_records: int = Field(
+        1_000_000, ge=1000, description="records (JSON, msgpack, OTLP log records, Loki entries) one request may "
+        "hold; past it 413 too_many_records (text lines are bounded by bytes only)")
 
 
 class CompressSettings(_Section):
@@ -257,6 +265,17 @@ class BusSettings(_Section):
         return v
 
 
+class TokenSpec(_Section):
+    """One named credential of the HTTP API: what it may do (its role) and, for a shipper, the tenant
+    whose jobs it writes. Only the token's SHA-256 is configured, never the token."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$", description="recorded in audits as who acted")
+    role: Literal["shipper", "reader", "operator"]
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description='hex SHA-256 of the token: printf %s "$TOKEN" | sha256sum')
+    tenant: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,63})?$",
+                        description="a shipper with a tenant writes only into jobs of its tenant; empty: every job")
+
+
 class ServerSettings(_Section):
     role: Literal["all", "ingest", "worker"] = Field(
         "all", description="with bus.url: ingest (accept uploads, answer reads), worker (diagnose the partitions "
@@ -267,7 +286,13 @@ class ServerSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8077, ge=1, le=65535)
     workers: int = Field(1, ge=1)
-    token: str = ""
+    token: str = Field("", description="one shared bearer token, an operator (prefer tokens: named, hashed, with roles)")
+    tokens: list[TokenSpec] = Field(
+        default_factory=list, description="named tokens with roles (shipper, reader, operator), stored as SHA-256; "
+        "LOGDX_SERVER__TOKENS takes them as a JSON list")
+    local_operator: bool = Field(
+        False, description="without any token (a loopback-only server), allow the operator endpoints (breaker "
+        "reset, uncordon, incident edits, feedback) to any local caller")
     max_request_bytes: int = Field(512 * 1024 * 1024, ge=1024)
     max_request_cpu_s: float = Field(
         60.0, ge=0, description="CPU seconds one upload may cost (decode, parse, apply); past it 429 cpu_limit, "
@@ -279,6 +304,16 @@ class ServerSettings(_Section):
     early_diagnosis_delay_s: float = Field(
         2.0, ge=0, description="debounce: diagnose this long after a root-cause line arrives, before the job ends")
     max_sessions: int = Field(256, ge=1, description="job sessions kept in memory; others are rebuilt from spool")
+    max_new_jobs_per_request: int = Field(
+        256, ge=1, description="jobs one upload may create (ids the server did not know); past it 413 too_many_jobs")
+    max_new_jobs_per_client: int = Field(
+        1000, ge=1, description="jobs one client (its credential's name, else its address) may create per "
+        "new_jobs_window_s; past it 429 job_quota")
+    max_new_jobs: int = Field(5000, ge=1, description="jobs all clients together may create per new_jobs_window_s "
+                              "(429 job_quota)")
+    new_jobs_window_s: float = Field(3600.0, gt=0, description="the window of the two job-creation rates above")
+    max_open_jobs: int = Field(
+        20_000, ge=1, description="open jobs at once; a new job past it gets 429 open_jobs_limit")
     spool_dir: Path | None = Field(None, description="per-job line spools; default <data_dir>/spool")
     keep_spool: bool = Field(False, description="keep a job's spool after it ended (default: delete it)")
     access_log: bool = False
@@ -350,8 +385,9 @@ class AlertsSettings(_Section):
     timeout_s: float = Field(10.0, gt=0)
     min_confidence: float = Field(0.0, ge=0, le=1)
     node_dedup_s: float = Field(
-        3600.0, ge=0, description="another job blaming a node already alerted about, for the same failure type, "
-        "within this many seconds is folded into the first alert (0: every job alerts)")
+        3600.0, ge=0, description="another attempt of the same job (a restart, NAME.attempt-N) blaming a node "
+        "already alerted about, for the same failure type, within this many seconds is folded into the first "
+        "alert (0: every attempt alerts); other jobs always get their own alert")
     resolved: bool = Field(True, description="follow an alert with a 'resolved' message when the job later "
                            "succeeds or its node is uncordoned")
 
@@ -601,9 +637,22 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         assert sub is not None
         parsed: Any = value
         if get_origin(sub.model_fields[key].annotation) is list:
-            parsed = [v for v in value.split(",") if v]
+            if _section_model(sub.model_fields[key].annotation) is not None:  # a list of objects: JSON
+                parsed = _json_list(name, value)
+            else:
+                parsed = [v for v in value.split(",") if v]
         out.setdefault(section, {})[key] = parsed
     return out
+
+
+def _json_list(name: str, value: str) -> list[Any]:
+    try:
+        parsed = json.loads(value)
+    except ValueError as e:
+        raise ConfigError(f"{name}: not a JSON list of objects ({e.args[0][:80]})") from None
+    if not isinstance(parsed, list):
+        raise ConfigError(f"{name}: not a JSON list of objects")
+    return parsed
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> None:

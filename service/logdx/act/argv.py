@@ -22,7 +22,7 @@ __all__ = ["HEALTH_CHECK_PLACEHOLDERS", "RESTART_PLACEHOLDERS", "TemplateError",
 RESTART_PLACEHOLDERS = ("job_id", "report_id", "category", "failure_type", "action", "hosts", "node", "confidence")
 HEALTH_CHECK_PLACEHOLDERS = ("node",)
 
-_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash", "busybox"})
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh", "fish", "busybox"})
 _ANY_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
 
@@ -40,13 +40,34 @@ def parse_template(template: str | Sequence[str], placeholders: Sequence[str]) -
     if not words:
         raise TemplateError("empty command")
     pattern = re.compile(r"\{(" + "|".join(map(re.escape, placeholders)) + r")\}")
-    if os.path.basename(words[0]) in _SHELLS and "-c" in words:
-        at = words.index("-c") + 1
-        if at < len(words) and pattern.search(words[at]):
+    for shell, script in _scripts(words):
+        if pattern.search(script):
             raise TemplateError(
-                f"{words[0]} -c script text holds a placeholder: its value would be parsed by the shell; "
+                f"{shell} -c script text holds a placeholder: its value would be parsed by the shell; "
                 "pass it as an argument instead (sh -c '... \"$1\" ...' sh {job_id}) or call a script")
     return words
+
+
+def _scripts(words: Sequence[str]) -> list[tuple[str, str]]:
+    """(shell, script text) of every shell the command runs with a script, wherever it stands: after
+    `env`, `nice`, `timeout 5`, `sudo -u x`... and with the `c` among other options (`sh -ec`,
+    `bash -xc`, `bash -o pipefail -c`)."""
+    out = []
+    for i, word in enumerate(words):
+        if os.path.basename(word) not in _SHELLS:
+            continue
+        j = i + 1
+        while j < len(words) and words[j].startswith("-") and words[j] not in ("-", "--"):
+            option = words[j]
+            if option in ("-o", "+o", "-O", "+O") and j + 1 < len(words):
+                j += 2  # an option with its argument (bash -o pipefail)
+                continue
+            if not option.startswith("--") and "c" in option[1:]:
+                if j + 1 < len(words):
+                    out.append((word, words[j + 1]))
+                break
+            j += 1
+    return out
 
 
 def fill_argv(words: Sequence[str], values: Mapping[str, str]) -> list[str]:

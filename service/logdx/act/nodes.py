@@ -234,13 +234,16 @@ class NodeBook:
             if not _rule_matches(rule, xid, failure_type):
                 continue
             column, value = ("xid", rule.xid) if rule.xid is not None else ("failure_type", rule.failure_type)
-            n = int(self.db.query_value(
-                f"SELECT COUNT(*) FROM node_events WHERE node = ? AND gpu = ? AND {column} = ? AND ts >= ?",
-                (node.key, gpu or "", value, now - rule.window_s)) or 0)
+            rows = self.db.query(
+                f"SELECT job_id FROM node_events WHERE node = ? AND gpu = ? AND {column} = ? AND ts >= ? ORDER BY ts",
+                (node.key, gpu or "", value, now - rule.window_s))
+            n = len(rows)
             if n >= rule.count:
                 what = f"Xid {rule.xid}" if rule.xid is not None else rule.failure_type
+                jobs = list(dict.fromkeys(r["job_id"] for r in rows))
+                shown = ", ".join(jobs[:8]) + (f" and {len(jobs) - 8} more" if len(jobs) > 8 else "")
                 return (f"escalated: {what} on GPU {gpu or '?'} of {node} {n} times within "
-                        f"{rule.window_s:g} s (actions.escalate: {rule.count})")
+                        f"{rule.window_s:g} s (actions.escalate: {rule.count}), counted from job(s) {shown}")
         return ""
 
     # -- state ----------------------------------------------------------------------------------

@@ -6,9 +6,10 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
-from logdx.api.deps import ServicesDep, require_token
+from logdx.api.auth import READ
+from logdx.api.deps import ServicesDep, permit
 
-cluster_router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], tags=["cluster"])
+cluster_router = APIRouter(prefix="/v1", dependencies=[Depends(permit(READ, "read the cluster's state"))], tags=["cluster"])
 
 
 @cluster_router.get("/cluster", summary="Replicas, partitions, owners and lag (one replica without a bus)")

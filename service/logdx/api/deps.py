@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
+from logdx.api.auth import Principal
 from logdx.api.errors import ApiError
-from logdx.api.limits import JOB_ID_PATTERN, check_job_id, token_matches
+from logdx.api.limits import JOB_ID_PATTERN, check_job_id
 from logdx.api.services import Services
 from logdx.config import Settings
 from logdx.pipeline import Engine
@@ -41,16 +43,25 @@ def get_engine(services: ServicesDep) -> Engine:
 EngineDep = Annotated[Engine, Depends(get_engine)]
 
 
-def require_token(request: Request, settings: SettingsDep) -> None:
-    """`Authorization: Bearer <server.token>` when a token is configured."""
-    expected = settings.server.token
-    if not expected:
-        return
-    if not token_matches(request.headers.get("authorization"), expected):
-        missing = "authorization" not in request.headers
-        raise ApiError(401, "unauthorized",
-                       "missing bearer token" if missing else "invalid bearer token",
-                       headers={"WWW-Authenticate": 'Bearer realm="logdx"'})
+def require_token(request: Request, services: ServicesDep) -> Principal:
+    """The caller (`auth.Principal`), from `Authorization: Bearer <token>` when tokens are configured
+    (401 otherwise); kept on `request.state.principal` for the routes and audits."""
+    principal = services.auth.identify(request.headers.get("authorization"))
+    request.state.principal = principal
+    return principal
+
+
+PrincipalDep = Annotated[Principal, Depends(require_token)]
+
+
+def permit(allowed: frozenset[str], what: str) -> Callable[..., Principal]:
+    """A dependency: the caller, when its role may do `what` (403 otherwise)."""
+
+    def check(principal: PrincipalDep, services: ServicesDep) -> Principal:
+        services.auth.check(principal, allowed, what)
+        return principal
+
+    return check
 
 
 def job_id_param(

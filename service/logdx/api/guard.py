@@ -129,7 +129,7 @@ class RequestGuard:
         self.app = app
         self.hosts = HostPolicy.from_settings(server)
         self.origins = frozenset(o.strip().rstrip("/").lower() for o in server.allowed_origins if o.strip())
-        self.token_set = bool(server.token)
+        self.token_set = bool(server.token or server.tokens)
         self.on_refused = on_refused
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -14,16 +14,18 @@ Bounds (issue: a 1 MB gzip body of newlines once inflated to 9.8 GB of RSS):
 
 from __future__ import annotations
 
+import threading
 import time
-import zlib
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+
+from starlette.requests import ClientDisconnect
 
 from logdx.api.errors import ApiError
 from logdx.api.limits import _JOB_ID
 from logdx.config import Settings
-from logdx.formats import Batch, FormatError, Meta, Parser, choose
+from logdx.formats import Batch, FormatError, Meta, Parser, choose, codecs
 from logdx.formats.base import Format
 from logdx.formats.fields import MAX_RANK, parse_rank
 from logdx.hosts import clean_hostname
@@ -81,6 +83,7 @@ def request_meta(settings: Settings, headers: Mapping[str, str], job: str | None
         max_record_bytes=s.max_record_bytes,
         max_document_bytes=s.max_document_bytes,
         rank_from_pod_ordinal=s.rank_from_pod_ordinal,
+        max_records=s.max_records,
     )
 
 
@@ -97,27 +100,36 @@ def open_parser(meta: Meta, content_type: str | None, name: str | None, protobuf
 
 
 class Decoder:
-    """Content-Encoding, streamed in bounded pieces: gzip (several members too), deflate, or gzip
-    found by its magic bytes."""
+    """Content-Encoding, streamed in bounded pieces: gzip (several members too), deflate, zstd,
+    snappy (framed or block), or gzip found by its magic bytes (`logdx.formats.codecs`)."""
 
     def __init__(self, content_encoding: str | None, max_bytes: int, max_chunk_bytes: int,
-                 max_ratio: float) -> None:
-        enc = (content_encoding or "identity").strip().lower()
-        if enc not in ("identity", "gzip", "x-gzip", "deflate", ""):
-            raise ApiError(415, "unsupported_encoding", f"unsupported Content-Encoding {enc!r}: use gzip or none")
-        self.mode = {"x-gzip": "gzip", "": "identity"}.get(enc, enc)
+                 max_ratio: float, max_held: int = 32 << 20) -> None:
+        enc = codecs.canonical(content_encoding or "identity")
+        if enc is None:
+            raise ApiError(415, "unsupported_encoding",
+                           f"unsupported Content-Encoding {(content_encoding or '')[:64]!r}: use gzip, deflate, zstd, "
+                           "snappy or none")
+        self.mode = enc
         self.sniff = self.mode == "identity"  # a gzip body sent without the header is still gzip
         self.max_bytes = max_bytes
         self.max_chunk_bytes = max_chunk_bytes
         self.max_ratio = max_ratio
+        self.max_held = max_held
         self.received = 0
-        self.unread = 0  # received bytes the inflater has not consumed yet
         self.decoded = 0
-        self._z: Any = None
+        self._inflater: codecs.Inflater | None = None
         self._head = b""
 
-    def _new_z(self) -> Any:
-        return zlib.decompressobj(16 + zlib.MAX_WBITS if self.mode == "gzip" else zlib.MAX_WBITS)
+    @property
+    def unread(self) -> int:
+        """Received bytes the inflater has not used yet."""
+        return self._inflater.unread if self._inflater is not None else 0
+
+    def _codec(self) -> codecs.Inflater:
+        if self._inflater is None:
+            self._inflater = codecs.inflater(self.mode, PIECE_BYTES, self.max_held, self.max_bytes)
+        return self._inflater
 
     def feed(self, data: bytes) -> Iterator[bytes]:
         """The decoded pieces of one received chunk, each at most PIECE_BYTES."""
@@ -133,28 +145,11 @@ class Decoder:
             for i in range(0, len(data), PIECE_BYTES):
                 yield self._count(data[i:i + PIECE_BYTES], 0)
             return
-        yield from self._inflate(data)
-
-    def _inflate(self, data: bytes) -> Iterator[bytes]:
-        if self._z is None:
-            self._z = self._new_z()
         from_chunk = 0
-        try:
-            while data:
-                piece = self._z.decompress(data, PIECE_BYTES)
-                self.unread = len(self._z.unconsumed_tail) + len(self._z.unused_data)
+        with _codec_errors():
+            for piece in self._codec().feed(data):
                 from_chunk += len(piece)
-                if piece:
-                    yield self._count(piece, from_chunk)
-                if self._z.unconsumed_tail:
-                    data = self._z.unconsumed_tail
-                elif self._z.eof and self._z.unused_data:
-                    data = self._z.unused_data  # the next gzip member
-                    self._z = self._new_z()
-                else:
-                    data = b""
-        except zlib.error as e:
-            raise ApiError(400, "bad_encoding", f"the body is not valid {self.mode} data ({e})") from None
+                yield self._count(piece, from_chunk)
 
     def finish(self) -> Iterator[bytes]:
         if self.sniff and self._head:
@@ -162,12 +157,13 @@ class Decoder:
             head, self._head = self._head, b""
             yield self._count(head, 0)
             return
-        if self._z is not None:
-            tail = self._z.flush()
-            if tail:
-                yield self._count(tail, 0)
-            if not self._z.eof:
-                raise ApiError(400, "bad_encoding", f"the {self.mode} body ends before its end marker (truncated?)")
+        if self.mode == "identity" or self._inflater is None:
+            return
+        from_chunk = 0
+        with _codec_errors():
+            for piece in self._inflater.finish():
+                from_chunk += len(piece)
+                yield self._count(piece, from_chunk)
 
     def _count(self, data: bytes, from_chunk: int) -> bytes:
         self.decoded += len(data)
@@ -188,10 +184,20 @@ class Decoder:
         return data
 
 
+@contextmanager
+def _codec_errors() -> Iterator[None]:
+    try:
+        yield
+    except codecs.CodecError as e:
+        if e.kind == "too_large":
+            raise ApiError(413, "inflate_limit", str(e)) from None
+        raise ApiError(400, "bad_encoding", str(e)) from None
+
+
 def make_decoder(settings: Settings, content_encoding: str | None) -> Decoder:
     s = settings.input
     return Decoder(content_encoding, settings.server.max_request_bytes, s.max_inflated_chunk_bytes,
-                   s.max_inflate_ratio)
+                   s.max_inflate_ratio, s.max_document_bytes)
 
 
 # --- CPU -----------------------------------------------------------------------------------------
@@ -236,6 +242,16 @@ class Upload:
     parser: Parser
     budget: CpuBudget
     refused: dict[str, int] = field(default_factory=dict)
+    gone: threading.Event = field(default_factory=threading.Event)  # the client went away: stop working
+
+    def check(self) -> None:
+        """Called while a piece or a document is parsed (`Meta.tick`): past the CPU budget, or once the
+        client is gone, the work stops here rather than when the piece is done."""
+        self.budget.charge()
+        if self.budget.exceeded():
+            raise self.budget.error(0)
+        if self.gone.is_set():
+            raise ClientDisconnect()
 
     @property
     def format_name(self) -> str:

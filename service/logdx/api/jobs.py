@@ -217,6 +217,7 @@ class Job:
         self.acted_key: str | None = row["acted_key"]
         self.last_report_id: str | None = row["last_report_id"]
         self.committed: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.ledger_offset = 0  # how far `committed` was read from the spool's END records (not loaded)
         self.inflight_keys: set[str] = set()
         self.active = 0
         self.root_cause_at: float | None = None  # wall time the first root-cause line arrived
@@ -333,6 +334,7 @@ class JobManager:
         session = self.engine.new_session()
         spool = job.spool or Spool(self._spool_path(job.id))
         spool.reset()
+        job.committed.clear()  # rebuilt by the replay, in the spool's order
         replayed = 0
         with spool.locked():
             last = 0
@@ -344,6 +346,7 @@ class JobManager:
             for commit in spool.read_new(last, is_alive=self.instance.is_alive):
                 replayed += self._apply_commit(job, session, spool, commit)
         job.session, job.spool = session, spool
+        job.ledger_offset = spool.offset
         job.lines = session.lines
         job.last_line_at = time.monotonic()  # silence is counted from when this process has the job
         job.templates_count = len(session.templates())
@@ -357,9 +360,12 @@ class JobManager:
         return session
 
     def _apply_commit(self, job: Job, session: Session, spool: Spool, commit: Commit) -> int:
-        """Feed what an END record commits (the first `n` lines of its request's DATA); note its key."""
+        """Feed what an END record commits (the first `n` lines of its request's DATA); note its key.
+        A second commit of a key already committed applies nothing (its lines count once)."""
+        key = commit.meta.get("k")
+        again = bool(key) and key in job.committed
         self._note_end(job, commit.meta)
-        if not commit.ok:
+        if not commit.ok or again:
             return 0
         fed = 0
         for runs in spool.data_runs(commit.starts, commit.lines):
@@ -463,14 +469,32 @@ class JobManager:
         self.metrics.stage.labels("spool").observe(time.perf_counter() - t0)
 
     def duplicate_of(self, job: Job, key: str) -> dict[str, Any] | None:
-        """The result of an earlier, committed request with this Idempotency-Key, if any."""
+        """The result of an earlier, committed request with this Idempotency-Key, if any: from the
+        session's replay, or while the engine is still loading from the spool's ledger (its END
+        records), so that a retry during start-up is answered as the first request was."""
         with job.tlock:
             if job.state == "open" and self.engine is not None:
                 self._ensure_loaded(job)
+            elif job.state == "open":
+                self._read_ledger(job)
             if key in job.inflight_keys:
                 raise ApiError(409, "request_in_progress",
                                "a request with this Idempotency-Key is still being received")
             return job.committed.get(key)
+
+    def _read_ledger(self, job: Job) -> None:
+        """Note the keys the spool's END records committed since `ledger_offset`, without replaying
+        anything (the engine may still be loading). Hold `tlock`; the spool lock is taken here."""
+        if job.session is not None:
+            return  # the replay noted them, and commits since are noted as they happen
+        if job.spool is None:
+            if not self._spool_path(job.id).exists():
+                return
+            job.spool = Spool(self._spool_path(job.id))
+        with job.spool.locked():
+            for rec in job.spool.ends(job.ledger_offset):
+                self._note_end(job, rec.meta)
+                job.ledger_offset = rec.end
 
     def finish_request(self, job: Job, req: IngestRequest, ok: bool, budget: CpuBudget | None = None) -> dict[str, Any]:
         """Commit (ok) or drop the request: apply its spooled lines, write its END record and fsync
@@ -487,6 +511,8 @@ class JobManager:
                     job.spool = Spool(self._spool_path(job.id))
                 spool = job.spool
                 session = self._ensure_loaded(job) if self.engine is not None else None
+                if session is None and ok and req.key is not None:
+                    self._read_ledger(job)  # another process (or this one before a crash) may have committed it
                 with spool.locked():
                     if session is not None:
                         self._catch_up(job)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import re
 import threading
@@ -20,16 +19,6 @@ def check_job_id(job_id: str) -> str:
         raise ApiError(400, "invalid_job_id",
                        "job_id must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$ (letters, digits, '.', '_', '-')")
     return job_id
-
-
-def token_matches(header: str | None, expected: str) -> bool:
-    """`Authorization: Bearer <token>`, compared in constant time."""
-    if not header:
-        return False
-    scheme, _, credentials = header.partition(" ")
-    if scheme.lower() != "bearer" or not credentials.strip():
-        return False
-    return hmac.compare_digest(credentials.strip().encode(), expected.encode())
 
 
 def is_loopback(host: str) -> bool:
@@ -71,6 +60,14 @@ class TokenBucket:
         with self._lock:
             self._refill()
             return 0.0 if self.tokens > 0 else (-self.tokens + 1) / self.rate
+
+    def tokens_now(self) -> float:
+        """The tokens in the bucket now (refilled)."""
+        if not self.enabled:
+            return float("inf")
+        with self._lock:
+            self._refill()
+            return self.tokens
 
     def take(self, n: int) -> None:
         if not self.enabled:

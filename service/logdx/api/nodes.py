@@ -17,12 +17,13 @@ from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from logdx.act.actuators import NodeName
-from logdx.api.deps import ServicesDep, require_token
+from logdx.api.auth import OPERATE, READ, Principal, audit_name
+from logdx.api.deps import ServicesDep, permit, require_token
 from logdx.api.errors import ApiError, ErrorBody
 
 __all__ = ["nodes_router"]
 
-_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 401, 404, 422)}
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 401, 403, 404, 422)}
 nodes_router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], responses=_ERRORS)
 
 NodeParam = Annotated[str, Path(max_length=253, description="one plain host name", examples=["gpu-node-07"])]
@@ -33,12 +34,12 @@ class _Body(BaseModel):
 
 
 class UncordonRequest(_Body):
-    by: str = Field(min_length=1, max_length=200, description="who decided the node is healthy (audited)")
+    by: str = Field("", max_length=200, description="on whose behalf (noted as stated; the audit's who is the token's name)")
     reason: str = Field("", max_length=2000)
 
 
 class ResetRequest(_Body):
-    by: str = Field(min_length=1, max_length=200, description="who resets the breaker (audited)")
+    by: str = Field("", max_length=200, description="on whose behalf (noted as stated; the audit's who is the token's name)")
     note: str = Field("", max_length=2000)
 
 
@@ -114,7 +115,7 @@ def _node(name: str) -> NodeName:
         raise ApiError(400, "invalid_node", "a node is one plain host name (letters, digits, '-', '.')") from None
 
 
-@nodes_router.get("/nodes", response_model=NodeList, tags=["nodes"],
+@nodes_router.get("/nodes", response_model=NodeList, tags=["nodes"], dependencies=[Depends(permit(READ, "read nodes"))],
                   summary="Nodes seen in job logs, what was blamed on them, which are cordoned")
 def list_nodes(services: ServicesDep, blamed_only: bool = False,
                limit: Annotated[int, Query(ge=1, le=10_000)] = 500) -> dict[str, Any]:
@@ -122,7 +123,8 @@ def list_nodes(services: ServicesDep, blamed_only: bool = False,
     return {"nodes": [n.to_dict() for n in nodes], "count": len(nodes)}
 
 
-@nodes_router.get("/nodes/{node}", response_model=NodeOut, tags=["nodes"], summary="One node and its history")
+@nodes_router.get("/nodes/{node}", response_model=NodeOut, tags=["nodes"], summary="One node and its history",
+                  dependencies=[Depends(permit(READ, "read nodes"))])
 def get_node(node: NodeParam, services: ServicesDep) -> dict[str, Any]:
     info = services.responder.actions.nodes.get(_node(node))
     if info is None:
@@ -130,16 +132,24 @@ def get_node(node: NodeParam, services: ServicesDep) -> dict[str, Any]:
     return info.to_dict()
 
 
+Operator = Annotated[Principal, Depends(permit(OPERATE, "act on the cluster (uncordon, breaker reset)"))]
+
+
+def _why(reason: str, note: str) -> str:
+    return "; ".join(part for part in (reason.strip(), note) if part)
+
+
 @nodes_router.post("/nodes/{node}/uncordon", response_model=ActionOut, tags=["nodes"],
-                   summary="Put a node back into scheduling (a person's all-clear; audited)")
-def uncordon(node: NodeParam, body: UncordonRequest, services: ServicesDep) -> dict[str, Any]:
+                   summary="Put a node back into scheduling (a person's all-clear; audited; operator)")
+def uncordon(node: NodeParam, body: UncordonRequest, services: ServicesDep, principal: Operator) -> dict[str, Any]:
     name = _node(node)
     if services.responder.actions.nodes.get(name) is None:
         raise ApiError(404, "node_not_found", f"logdx has not seen node {node!r}")
-    return services.responder.uncordon(name, body.by, body.reason).to_dict()
+    who, note = audit_name(principal, body.by)
+    return services.responder.uncordon(name, who, _why(body.reason, note)).to_dict()
 
 
-@nodes_router.get("/actions", response_model=ActionsOut, tags=["actions"],
+@nodes_router.get("/actions", response_model=ActionsOut, tags=["actions"], dependencies=[Depends(permit(READ, "read actions"))],
                   summary="Dry run, breaker, budget, and the latest audited actions")
 def actions_status(services: ServicesDep, limit: Annotated[int, Query(ge=0, le=10_000)] = 100) -> dict[str, Any]:
     actions = services.responder.actions
@@ -149,6 +159,7 @@ def actions_status(services: ServicesDep, limit: Annotated[int, Query(ge=0, le=1
 
 
 @nodes_router.post("/actions/reset", response_model=ActionOut, tags=["actions"],
-                   summary="Close the circuit breaker (a person decided the cluster is fine; audited)")
-def reset_breaker(body: ResetRequest, services: ServicesDep) -> dict[str, Any]:
-    return services.responder.actions.reset_breaker(body.by, body.note).to_dict()
+                   summary="Close the circuit breaker (a person decided the cluster is fine; audited; operator)")
+def reset_breaker(body: ResetRequest, services: ServicesDep, principal: Operator) -> dict[str, Any]:
+    who, note = audit_name(principal, body.by)
+    return services.responder.actions.reset_breaker(who, _why(body.note, note)).to_dict()

@@ -10,7 +10,8 @@ from fastapi import APIRouter, Body, Depends, Query, Response
 
 from logdx.act.report import Report
 from logdx.api import schemas
-from logdx.api.deps import EngineDep, JobId, ServicesDep, get_engine, require_token
+from logdx.api.auth import INGEST, JOB_READ, OPERATE, READ, Principal
+from logdx.api.deps import EngineDep, JobId, ServicesDep, get_engine, permit, require_token
 from logdx.api.errors import ApiError, ErrorBody
 from logdx.api.jobs import Job
 from logdx.api.metrics import CONTENT_TYPE
@@ -19,13 +20,13 @@ from logdx.api.services import Services
 from logdx.incidents import IncidentError, IncidentIn
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 415, 422, 429, 503)
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 415, 422, 429, 503)
 }
 _MAX_OFFSET = 1 << 40  # far past any real list; SQLite's integers stop at 2**63
 
 health = APIRouter(tags=["health"])
 api = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], responses=_ERRORS)
-metrics_router = APIRouter(dependencies=[Depends(require_token)], tags=["health"])
+metrics_router = APIRouter(dependencies=[Depends(permit(READ, "read the metrics"))], tags=["health"])
 
 
 # --- health and metrics --------------------------------------------------------------------------
@@ -63,11 +64,13 @@ async def end_job(
     job_id: JobId,
     services: ServicesDep,
     _engine: EngineDep,
+    principal: Annotated[Principal, Depends(permit(INGEST, "end a job"))],
     body: Annotated[schemas.EndRequest | None, Body()] = None,
 ) -> Report:
     job = await services.run(services.jobs.get, job_id)
     if job is None:
         raise ApiError(404, "job_not_found", f"no job {job_id!r}")
+    await services.run(services.tenants.check, principal, job_id)
     exit_code = body.exit_code if body is not None else None
     return await services.run_locked(job, services.jobs.end, job, exit_code)
 
@@ -78,6 +81,7 @@ async def end_job(
 @api.get("/jobs", response_model=schemas.JobList, tags=["jobs"], summary="Jobs, most recently active first")
 def list_jobs(
     services: ServicesDep,
+    _who: Annotated[Principal, Depends(permit(READ, "list jobs"))],
     state: Annotated[Literal["open", "ended"] | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=_MAX_OFFSET)] = 0,
@@ -85,17 +89,21 @@ def list_jobs(
     return {"jobs": services.jobs.list_jobs(state, limit, offset)}
 
 
-def _job_or_404(services: Services, job_id: str) -> Job:
+def _job_or_404(services: Services, job_id: str, principal: Principal) -> Job:
     job = services.jobs.get(job_id)
     if job is None:
         raise ApiError(404, "job_not_found", f"no job {job_id!r}")
+    services.tenants.check(principal, job_id)
     return job
+
+
+JobReader = Annotated[Principal, Depends(permit(JOB_READ, "read jobs"))]
 
 
 @api.get("/jobs/{job_id}", response_model=schemas.JobDetail, tags=["jobs"],
          summary="A job: state, compression figures, last diagnosis, alerts and actions")
-def get_job(job_id: JobId, services: ServicesDep, _engine: EngineDep) -> dict[str, Any]:
-    job = _job_or_404(services, job_id)
+def get_job(job_id: JobId, services: ServicesDep, _engine: EngineDep, principal: JobReader) -> dict[str, Any]:
+    job = _job_or_404(services, job_id, principal)
     detail = services.jobs.describe(job)
     detail["alerts"] = [
         {"kind": a["kind"], "destination": a["destination"], "status": a["status"], "attempts": a["attempts"],
@@ -112,10 +120,11 @@ def get_templates(
     job_id: JobId,
     services: ServicesDep,
     _engine: EngineDep,
+    principal: JobReader,
     limit: Annotated[int, Query(ge=1, le=5000)] = 200,
     errors_only: Annotated[bool, Query(description="only error-bearing templates")] = False,
 ) -> dict[str, Any]:
-    job = _job_or_404(services, job_id)
+    job = _job_or_404(services, job_id, principal)
     return services.jobs.templates(job, limit, errors_only)
 
 
@@ -128,7 +137,8 @@ def _report_id(report_id: str) -> str:
     return report_id
 
 
-@api.get("/reports/{report_id}", response_model=Report, tags=["reports"], summary="A stored report")
+@api.get("/reports/{report_id}", response_model=Report, tags=["reports"], summary="A stored report",
+         dependencies=[Depends(permit(READ, "read reports"))])
 def get_report(report_id: str, services: ServicesDep) -> Report:
     report = services.jobs.get_report(_report_id(report_id))
     if report is None:
@@ -137,7 +147,8 @@ def get_report(report_id: str, services: ServicesDep) -> Report:
 
 
 @api.post("/reports/{report_id}/feedback", response_model=schemas.IncidentOut, tags=["reports"],
-          summary="Confirm or correct a report; it becomes an incident retrieval learns from")
+          summary="Confirm or correct a report; it becomes an incident retrieval learns from (operator)",
+          dependencies=[Depends(permit(OPERATE, "give feedback on reports"))])
 def feedback(report_id: str, body: schemas.FeedbackRequest, services: ServicesDep) -> dict[str, Any]:
     _report_id(report_id)
     if services.incidents.get_report(report_id) is None:
@@ -152,7 +163,8 @@ def feedback(report_id: str, body: schemas.FeedbackRequest, services: ServicesDe
 # --- incidents -------------------------------------------------------------------------------------
 
 
-@api.get("/incidents", response_model=schemas.IncidentList, tags=["incidents"], summary="Past incidents")
+@api.get("/incidents", response_model=schemas.IncidentList, tags=["incidents"], summary="Past incidents",
+         dependencies=[Depends(permit(READ, "read incidents"))])
 def list_incidents(
     services: ServicesDep,
     category: Annotated[Literal["infrastructure", "framework", "script"] | None, Query()] = None,
@@ -165,7 +177,8 @@ def list_incidents(
 
 
 @api.post("/incidents", response_model=schemas.IncidentOut, status_code=201, tags=["incidents"],
-          summary="Add (or replace, by id) an incident")
+          summary="Add (or replace, by id) an incident (operator)",
+          dependencies=[Depends(permit(OPERATE, "edit incidents"))])
 def add_incident(body: IncidentIn, services: ServicesDep) -> dict[str, Any]:
     try:
         return services.incidents.add(body, source=body.source or "import").to_json()
@@ -177,7 +190,8 @@ def add_incident(body: IncidentIn, services: ServicesDep) -> dict[str, Any]:
                        "no report_id, or replace that incident by its id") from None
 
 
-@api.get("/incidents/{incident_id}", response_model=schemas.IncidentOut, tags=["incidents"], summary="An incident")
+@api.get("/incidents/{incident_id}", response_model=schemas.IncidentOut, tags=["incidents"], summary="An incident",
+         dependencies=[Depends(permit(READ, "read incidents"))])
 def get_incident(incident_id: str, services: ServicesDep) -> dict[str, Any]:
     incident = services.incidents.get(incident_id)
     if incident is None:
@@ -186,7 +200,7 @@ def get_incident(incident_id: str, services: ServicesDep) -> dict[str, Any]:
 
 
 @api.delete("/incidents/{incident_id}", status_code=204, response_class=Response, tags=["incidents"],
-            summary="Delete an incident")
+            summary="Delete an incident (operator)", dependencies=[Depends(permit(OPERATE, "edit incidents"))])
 def delete_incident(incident_id: str, services: ServicesDep) -> Response:
     if not services.incidents.remove(incident_id):
         raise ApiError(404, "incident_not_found", f"no incident {incident_id!r}")

@@ -36,7 +36,22 @@ class RoutedIngestResponse(BaseModel):
 
 
 class EndRequest(_In):
-    exit_code: int | None = Field(None, ge=-(2**31), le=2**31 - 1, description="the job's exit code, if known")
+    # strict: `false` or "1" is no exit code (pydantic would take them as 0 and 1)
+    exit_code: int | None = Field(None, ge=-(2**31), le=2**31 - 1, strict=True,
+                                  description="the job's exit code, if known (an integer)")
+
+
+class OtlpPartialSuccess(BaseModel):
+    rejectedLogRecords: str = Field("0", description="records refused (an int64, as a string in OTLP JSON)")
+    errorMessage: str = Field("", description="why, with the counts by reason")
+
+
+class OtlpExportResponse(BaseModel):
+    """The OTLP/HTTP answer to an OTLP JSON upload (`ExportLogsServiceResponse` in the JSON mapping);
+    a protobuf upload gets the same message in protobuf."""
+
+    partialSuccess: OtlpPartialSuccess | None = Field(
+        None, description="present when some records were refused (no job, no message, empty)")
 
 
 class Compression(BaseModel):

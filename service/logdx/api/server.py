@@ -48,12 +48,12 @@ def check_bind(server: ServerSettings) -> None:
     """Refuse what would let anyone in: a reachable address, or any Host name, without a token."""
     from logdx.api.limits import is_loopback
 
-    if server.token:
+    if server.token or server.tokens:
         return
     if not is_loopback(server.host):
         raise ServeError(
-            f"refusing to listen on {server.host} without a token: set server.token (LOGDX_SERVER__TOKEN) "
-            "or bind to 127.0.0.1")
+            f"refusing to listen on {server.host} without a token: configure server.tokens (or server.token, "
+            "LOGDX_SERVER__TOKEN) or bind to 127.0.0.1")
     if "*" in (h.strip() for h in server.allowed_hosts):
         raise ServeError("server.allowed_hosts '*' needs a token: without one any web page could reach "
                          "the service through DNS rebinding; list the names instead")

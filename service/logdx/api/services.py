@@ -20,11 +20,13 @@ import anyio
 import anyio.to_thread
 
 from logdx.act.respond import Responder, Response
+from logdx.api.auth import Authenticator, Tenants
 from logdx.api.background import Actor, Effect
 from logdx.api.guard import REFUSAL_REASONS
 from logdx.api.jobs import Job, JobManager
 from logdx.api.jobs_cluster import ClusterJobManager
 from logdx.api.metrics import Metrics
+from logdx.api.quotas import JobQuota
 from logdx.api.retention import KINDS, Sweeper
 from logdx.bus.ownership import WORKER_ROLES
 from logdx.config import Settings
@@ -46,6 +48,9 @@ class Services:
     responder: Responder  # alerts and actions
     actor: Actor
     sweeper: Sweeper
+    quota: JobQuota
+    auth: Authenticator
+    tenants: Tenants
     engine: Engine | None = None
     startup_error: str | None = None
     recovering: int = 0
@@ -73,7 +78,9 @@ class Services:
         for reason in REFUSAL_REASONS:
             metrics.refused.labels(reason)
         services = cls(settings=settings, db=db, incidents=incidents, jobs=jobs, metrics=metrics,
-                       responder=responder, actor=actor, sweeper=sweeper)
+                       responder=responder, actor=actor, sweeper=sweeper,
+                       quota=JobQuota(settings.server, lambda: _open_jobs(db)),
+                       auth=Authenticator(settings.server), tenants=Tenants(db))
         metrics.add_state(services._gauges)
         return services
 
@@ -177,6 +184,10 @@ class Services:
         queue on the event loop, so a busy job never ties up the thread pool."""
         async with job.alock:
             return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+
+def _open_jobs(db: Store) -> int:
+    return int(db.query_value("SELECT COUNT(*) FROM api_jobs WHERE state = 'open'") or 0)
 
 
 def replica_id(settings: Settings) -> str:

@@ -223,25 +223,56 @@ class Spool:
         """Whole, valid records from `start`; stops at the end or at the first torn record."""
         end = self.size() if stop is None else stop
         pos = start
-        while pos + HEADER.size <= end:
-            head = os.pread(self.fd, HEADER.size, pos)
-            if len(head) < HEADER.size:
+        while (frame := self._frame(pos, end)) is not None:
+            rtype, body_end = frame
+            rec = self._read(rtype, pos, body_end)
+            if rec is None:
                 return
-            magic, rtype, meta_len, payload_len, crc = HEADER.unpack(head)
-            if magic != MAGIC or meta_len > _MAX_META or payload_len > _MAX_PAYLOAD:
-                return
-            body_end = pos + HEADER.size + meta_len + payload_len
-            if body_end > end:
-                return
-            body = os.pread(self.fd, meta_len + payload_len, pos + HEADER.size)
-            if len(body) != meta_len + payload_len or zlib.crc32(body) != crc:
-                return
-            try:
-                meta = json.loads(body[:meta_len])
-            except ValueError:
-                return
-            yield Record(rtype, meta, body[meta_len:], pos, body_end)
+            yield rec
             pos = body_end
+
+    def ends(self, start: int) -> Iterator[Record]:
+        """The END records from `start` (DATA records are skipped by their lengths, never read):
+        the ledger of committed requests, cheap to read whatever the spool holds. Stops at the end
+        or at the first torn record."""
+        end = self.size()
+        pos = start
+        while (frame := self._frame(pos, end)) is not None:
+            rtype, body_end = frame
+            if rtype == END:
+                rec = self._read(rtype, pos, body_end)
+                if rec is None:
+                    return
+                yield rec
+            pos = body_end
+
+    def _frame(self, pos: int, end: int) -> tuple[int, int] | None:
+        """(type, where it ends) of the record whose header is at `pos`; None past `end` or when torn."""
+        if pos + HEADER.size > end:
+            return None
+        head = os.pread(self.fd, HEADER.size, pos)
+        if len(head) < HEADER.size:
+            return None
+        magic, rtype, meta_len, payload_len, _ = HEADER.unpack(head)
+        if magic != MAGIC or meta_len > _MAX_META or payload_len > _MAX_PAYLOAD:
+            return None
+        body_end = pos + HEADER.size + meta_len + payload_len
+        return (rtype, body_end) if body_end <= end else None
+
+    def _read(self, rtype: int, pos: int, body_end: int) -> Record | None:
+        """The record at `pos` (its frame checked), or None when its CRC or meta is broken."""
+        whole = os.pread(self.fd, body_end - pos, pos)
+        if len(whole) != body_end - pos:
+            return None
+        _, _, meta_len, _, crc = HEADER.unpack(whole[:HEADER.size])
+        body = whole[HEADER.size:]
+        if zlib.crc32(body) != crc:
+            return None
+        try:
+            meta = json.loads(body[:meta_len])
+        except ValueError:
+            return None
+        return Record(rtype, meta, body[meta_len:], pos, body_end)
 
     def truncate(self, offset: int) -> None:
         """Cut a torn tail (call under `locked()`)."""

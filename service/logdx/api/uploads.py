@@ -14,7 +14,11 @@ NATS JetStream instead of the spool file, and the answer waits for JetStream's a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -24,7 +28,8 @@ from starlette.requests import ClientDisconnect
 
 from logdx.act.report import Report
 from logdx.api import schemas
-from logdx.api.deps import EngineDep, JobId, ServicesDep, require_token, retry_after
+from logdx.api.auth import INGEST
+from logdx.api.deps import EngineDep, JobId, ServicesDep, permit, retry_after
 from logdx.api.errors import ApiError, ErrorBody
 from logdx.api.ingest import CpuBudget, Upload, make_decoder, open_parser, request_meta, runs_by_job
 from logdx.api.jobs import IngestRequest, Job
@@ -34,14 +39,16 @@ from logdx.formats.loki import LOKI_PROTOBUF
 from logdx.formats.otlp import response as otlp_response
 
 T = TypeVar("T")
+log = logging.getLogger("logdx.api")
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 415, 422, 429, 503)
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 415, 422, 429, 503)
 }
 _DRAIN_BYTES = 4 << 20  # after a mid-stream error, read this much more so the client sees the answer
 _DRAIN_SECONDS = 2.0
+_WATCH_S = 0.1  # how often a request whose body is read checks that its client is still there
 FormatName = Literal["auto", "text", "json", "ndjson", "msgpack", "otlp", "otlp-json", "loki", "loki-json"]
 
-uploads = APIRouter(dependencies=[Depends(require_token)], responses=_ERRORS)
+uploads = APIRouter(dependencies=[Depends(permit(INGEST, "upload logs"))], responses=_ERRORS)
 
 
 # --- one request, many jobs ----------------------------------------------------------------------
@@ -55,6 +62,7 @@ class Received:
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     failure: ApiError | None = None
     disconnected: bool = False
+    created: list[str] = field(default_factory=list)  # jobs this request created
 
     @property
     def applied(self) -> int:
@@ -71,6 +79,7 @@ class Receiver:
         self.key = key
         self.limit = services.settings.server.max_request_bytes
         self.out = Received()
+        self.client = client_of(request)
 
     async def open_part(self, job_id: str) -> tuple[Job, IngestRequest]:
         """A job's part of this request: the job must be open, under its rate limit, and not already
@@ -79,7 +88,16 @@ class Receiver:
         if part is not None:
             return part
         services, jobs = self.services, self.services.jobs
-        job = await services.run(jobs.get_or_create, job_id)
+        job = await services.run(jobs.get, job_id)
+        principal = self.request.state.principal
+        if job is None:  # a new job: within the caps on job creation, bound to the caller's tenant
+            await services.run(services.quota.admit, self.client, len(self.out.created) + 1)
+            job = await services.run(jobs.get_or_create, job_id)
+            self.out.created.append(job_id)
+            await services.run(lambda: services.tenants.check(principal, job_id, created=True))
+        else:
+            await services.run(services.tenants.check, principal, job_id)
+            job = await services.run(jobs.get_or_create, job_id)  # (ended meanwhile: 409 below)
         await services.run(jobs.check_open, job)
         wait = job.bucket.wait_s()
         if wait > 0:
@@ -109,8 +127,11 @@ class Receiver:
                     if received > self.limit:
                         raise _too_large(self.limit)
                     await self._chunk(chunk)
-                await self._chunk(None)
-                await self._spool(await self.services.run(self.upload.finish), 0)
+                async with _watching(self.request, self.upload):
+                    await self._chunk(None)
+                    await self._spool(await self.services.run(self.upload.finish), 0)
+                if self.upload.gone.is_set():
+                    raise ClientDisconnect()
             except ApiError as e:
                 self.out.failure = e
             except ClientDisconnect:
@@ -121,7 +142,33 @@ class Receiver:
             await self._commit(ok=self.out.failure is None and not self.out.disconnected)
         finally:
             self._release()
+        if self.out.failure is not None or self.out.disconnected:
+            await self._drop_created()
         return self.out
+
+    async def _drop_created(self) -> None:
+        """A request that applied nothing leaves no job behind: the jobs it created are dropped again,
+        unless another request used them meanwhile (its own commit is the only one the row counts).
+        With several replicas a job is shared the moment it exists (its owner may hold lines of other
+        requests not yet counted in the row): retention sweeps those instead."""
+        if self.services.cluster is not None:
+            return
+        dropped = 0
+        for job_id in self.out.created:
+            job = self.out.parts.get(job_id, (None, None))[0]
+            if job is not None and (job.lines or job.active):
+                continue
+            try:
+                dropped += await self.services.run(self._forget_unused, job_id)
+            except Exception:
+                log.exception("job %s: could not drop it after a refused request", job_id)
+        self.services.quota.refund(self.client, dropped)
+
+    def _forget_unused(self, job_id: str) -> bool:
+        row = self.services.db.query("SELECT lines, requests FROM api_jobs WHERE job_id = ?", (job_id,))
+        if not row or row[0]["lines"] or row[0]["requests"] > 1:
+            return False
+        return self.services.jobs.forget(job_id, time.time() + 1)
 
     async def _chunk(self, chunk: bytes | None) -> None:
         """Decode, parse and spool a received chunk one piece at a time."""
@@ -166,6 +213,15 @@ class Receiver:
                 job.inflight_keys.discard(self.key)
 
 
+def client_of(request: Request) -> str:
+    """Who sends: the credential's name when there is one, else the peer's address."""
+    principal = getattr(request.state, "principal", None)
+    name = getattr(principal, "name", None)
+    if name:
+        return f"token:{name}"
+    return f"addr:{request.client.host}" if request.client is not None else "addr:-"
+
+
 def _too_large(limit: int) -> ApiError:
     return ApiError(413, "request_too_large", f"the body is larger than server.max_request_bytes ({limit})")
 
@@ -192,7 +248,32 @@ def _open_upload(request: Request, services: Services, job: str | None, fmt: str
     meta = request_meta(settings, request.headers, job)
     name, parser = open_parser(meta, request.headers.get("content-type"), fmt, protobuf)
     decoder = make_decoder(settings, request.headers.get("content-encoding"))
-    return Upload(name, decoder, parser, CpuBudget(settings.server.max_request_cpu_s))
+    upload = Upload(name, decoder, parser, CpuBudget(settings.server.max_request_cpu_s))
+    meta.tick = upload.check
+    return upload
+
+
+@asynccontextmanager
+async def _watching(request: Request, upload: Upload) -> AsyncIterator[None]:
+    """While the work after the body (a document parsed whole, the commit) runs: notice when the
+    client goes away, so that the work stops (`Upload.check`) instead of going on for nobody.
+    Only once the body is read: before that, receiving is the stream's own business."""
+
+    async def watch() -> None:
+        while not await request.is_disconnected():
+            await anyio.sleep(_WATCH_S)
+        upload.gone.set()
+
+    # a bare task, not a task group: the work's own errors must reach the caller as they are
+    task = asyncio.get_running_loop().create_task(watch())
+    try:
+        yield
+    finally:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
 
 
 async def _drain(request: Request) -> None:
@@ -251,7 +332,11 @@ retry counts once).
   recognised by its first key.
 - `application/msgpack`: Fluent Bit's default format.
 - `application/x-protobuf`: OTLP logs.
-- `Content-Encoding: gzip` (or a gzip body recognised by its magic bytes).
+- `Content-Encoding: gzip` (or a gzip body recognised by its magic bytes), `deflate`, `zstd`, `snappy`
+  (block or framed) or `x-snappy-framed`: inflated a piece at a time and judged on what it produces.
+- At most `input.max_records` records (413 `too_many_records`); a record with an empty message makes no
+  line (counted in `refused.empty`). A job the server does not know yet is created within the caps on
+  new jobs (413 `too_many_jobs`, 429 `job_quota`, 429 `open_jobs_limit`).
 
 Lines are durable (spooled and fsync'd) before the 2xx. A 4xx after part of the body was read
 applies none of it (`error.accepted_lines` is 0), except a CPU cut (429 `cpu_limit`), which says how
@@ -310,7 +395,7 @@ def _routed_answer(upload: Upload, out: Received) -> dict[str, Any]:
 
 
 @uploads.post("/v1/logs", tags=["shippers"], summary="OpenTelemetry logs (OTLP/HTTP), or any format routed by job",
-              response_model=schemas.RoutedIngestResponse, openapi_extra=_BODIES,
+              response_model=schemas.RoutedIngestResponse | schemas.OtlpExportResponse, openapi_extra=_BODIES,
               description="OTLP/HTTP logs, protobuf or JSON: each record's job comes from `X-Logdx-Job`, else "
                           "its resource or record attributes (`job.id`, `slurm.job.id`, `k8s.job.name`, ..., "
                           "see `input.job_keys`). Answers an `ExportLogsServiceResponse` in the request's "
@@ -384,7 +469,8 @@ async def diagnose(
             if received > limit:
                 raise _too_large(limit)
             await services.run(feed, chunk)
-        await services.run(feed, None)
+        async with _watching(request, upload):
+            await services.run(feed, None)
     except ApiError:
         await _drain(request)
         raise

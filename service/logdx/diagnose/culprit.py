@@ -33,6 +33,7 @@ __all__ = ["HANG_BASES", "attribute", "blames_one_node"]
 _SINGLE_NODE_MAX_RANKS = 8
 _WHOLE_NODE_FAILURES = frozenset({"node_failure"})  # every rank on the host went down with it
 _LAUNCHER_KINDS = frozenset({"signal_exit", "child_failed"})
+_REFUSED_NAME = "refused"  # the root line names its host in a form that is no single host name
 
 
 def attribute(
@@ -52,6 +53,11 @@ def _from_root(winner: Finding, findings: Sequence[Finding], summary: Compressio
     hit = winner.hit
     out = Attribution(gpus=[hit.gpu] if hit.gpu else [])
     host, basis = _host_of_root(winner, summary, out)
+    if basis == _REFUSED_NAME:
+        # The line says which machine(s) failed, in a form that is no one host (a range, a list, a
+        # glob): no other signal may stand in for it, least of all the host that printed the line.
+        out.notes.append("the root line names its node as a range, list or pattern, not one host: no culprit")
+        return Attribution(gpus=out.gpus, notes=out.notes)
     rank = hit.rank
     if host is None and rank is not None and rank in summary.rank_hosts:
         host, basis = _checked(summary.rank_hosts[rank], summary, out, trusted=True), "the rank's own lines name its host"
@@ -91,11 +97,15 @@ def _host_of_root(winner: Finding, summary: CompressionSummary, out: Attribution
         host = _checked(named, summary, out, trusted=named == hit.line.host)
         if host is not None:
             return host, "named in the root line"
+        if clean_hostname(named) is None:
+            return None, _REFUSED_NAME
     field = winner.event.attrs.get("named_host")
     if field:
         host = _checked(field, summary, out, trusted=False)
         if host is not None:
             return host, "named in the root message's own host field"
+        if clean_hostname(field) is None:
+            return None, _REFUSED_NAME
     if hit.line.host:
         host = _checked(hit.line.host, summary, out, trusted=True)
         if host is not None:

@@ -8,13 +8,19 @@ that are one document (OTLP, Loki push), more than `Meta.max_document_bytes`.
 
 Errors are `FormatError` (a status-like `kind`, a stable code, a message): the HTTP service turns
 them into 4xx answers, the CLI into one line and exit 2. Nothing here knows about HTTP.
+
+Bounds every parser keeps (a hostile body costs little whatever it holds): each record is counted
+(`Meta.count`) against `Meta.max_records`, and every `TICK_RECORDS` records `Meta.tick` is called,
+which is where the caller checks its CPU budget and whether its client is still there (it raises to
+stop the work). A record whose message is empty gives no line: it is counted as refused (`empty`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from logdx.normalize import Source
 
@@ -52,6 +58,20 @@ class Meta:
     max_record_bytes: int = 1 << 20  # one JSON / msgpack record
     max_document_bytes: int = 32 << 20  # a format read whole (OTLP, Loki push)
     rank_from_pod_ordinal: bool = False  # "trainer-3" is rank 3 (only when a pod per rank is the rule)
+    max_records: int = 0  # records (JSON, msgpack, OTLP, Loki) per input; 0: no limit (a local file)
+    tick: Callable[[], None] | None = None  # called every TICK_RECORDS records; raises to stop the work
+    records: int = 0  # records read so far
+
+    def count(self, n: int = 1) -> None:
+        """`n` more records read: past `max_records` the input is refused; every `TICK_RECORDS`, `tick`."""
+        before = self.records
+        self.records += n
+        if self.max_records and self.records > self.max_records:
+            raise FormatError("too_large", "too_many_records",
+                              f"the body holds more than {self.max_records} records (input.max_records); "
+                              "send smaller batches")
+        if self.tick is not None and (before // TICK_RECORDS) != (self.records // TICK_RECORDS):
+            self.tick()
 
     @property
     def cap(self) -> int:
@@ -59,6 +79,7 @@ class Meta:
         return self.max_line_bytes + 1
 
 
+TICK_RECORDS = 2048
 Run = tuple[str | None, Source, list[bytes]]  # (job, source, lines)
 
 
@@ -134,6 +155,26 @@ class Document:
 
     def read(self, body: bytes) -> Batch:
         raise NotImplementedError
+
+
+# A JSON document holds at most one object or array per this many bytes: real OTLP and Loki JSON
+# spend 25 bytes or more on each, while `[{},{},...]` spends 3 (and costs ~80 bytes of memory each).
+JSON_BYTES_PER_CONTAINER = 16
+
+
+def load_json_document(body: bytes, what: str, meta: Meta) -> Any:
+    """A JSON document read whole, once it is known not to be a bomb of tiny objects or arrays."""
+    containers = body.count(b"{") + body.count(b"[")
+    if containers > 1024 + len(body) // JSON_BYTES_PER_CONTAINER:
+        raise FormatError("too_large", "too_many_records",
+                          f"the {what} body holds {containers} objects and arrays in {len(body)} bytes: "
+                          "far denser than any log record; refused")
+    if meta.tick is not None:
+        meta.tick()
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise FormatError("bad", "malformed_json", f"the {what} body is not valid JSON: {e}") from None
 
 
 class Parser(Protocol):

@@ -191,10 +191,13 @@ def split_message(message: str, cap: int) -> list[bytes]:
 
 
 def routed_job(message: object, fields: Mapping[str, Any], meta: Meta, batch: Batch) -> str | None:
-    """The job a record's line goes to; None when the record has no line (a string) or no job,
-    the refusal then counted in `batch` by reason, never silently dropped."""
+    """The job a record's line goes to; None when the record has no line (a string), an empty one
+    or no job, the refusal then counted in `batch` by reason, never silently dropped."""
     if not isinstance(message, str):
         batch.refuse("no_message")
+        return None
+    if not message or message.isspace():
+        batch.refuse("empty")  # a shipper's heartbeat, or a bomb of empty records: no line either way
         return None
     job = job_of(fields, meta)
     if job is None:

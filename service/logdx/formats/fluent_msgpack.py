@@ -20,6 +20,7 @@ from logdx.formats.fields import parse_ts
 from logdx.formats.records import add_record
 
 _EVENT_TIME = struct.Struct(">II")
+_MAX_ITEMS = 1 << 16
 _INTS = frozenset({0xCC, 0xCD, 0xCE, 0xCF, 0xD0, 0xD1, 0xD2, 0xD3, 0xCA, 0xCB})
 
 
@@ -49,8 +50,10 @@ class FluentParser:
         limit = meta.max_record_bytes
         self._slice = limit
         self._fed = 0
+        # One container of an event never holds more than this many items (a record is a small map).
         self._unpacker = msgpack.Unpacker(raw=False, unicode_errors="replace", ext_hook=_ext_hook,
-                                          max_buffer_size=2 * limit, strict_map_key=False)
+                                          max_buffer_size=2 * limit, strict_map_key=False,
+                                          max_array_len=_MAX_ITEMS, max_map_len=_MAX_ITEMS)
 
     def feed(self, data: bytes) -> Batch:
         batch = Batch()
@@ -77,8 +80,11 @@ class FluentParser:
         try:
             for event in self._unpacker:
                 self.events += 1
+                self.meta.count()
                 self._add_event(event, batch)
-        except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as e:
+        # TypeError: a map whose key is a list or a map (unhashable), which no shipper sends
+        except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError, TypeError,
+                OverflowError) as e:
             raise FormatError("bad", "malformed_msgpack",
                               f"msgpack event {self.events + 1} is not valid: {e}") from None
 

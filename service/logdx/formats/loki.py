@@ -11,7 +11,6 @@ key), the host from `host`, `hostname` or `node`, the rank from `rank`.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -20,8 +19,9 @@ import cramjam
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
-from logdx.formats.base import Batch, Document, Format, FormatError, Meta
+from logdx.formats.base import Batch, Document, Format, FormatError, Meta, load_json_document
 from logdx.formats.fields import parse_ts, routed_job, source_of, split_message
+from logdx.formats.protowire import LEN, fields, spans
 from logdx.hosts import clean_hostname
 
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_.]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
@@ -68,6 +68,8 @@ def _push_request_class() -> Any:
 
 
 PushRequest = _push_request_class()
+EntryAdapter = message_factory.GetMessageClass(
+    PushRequest.DESCRIPTOR.fields_by_name["streams"].message_type.fields_by_name["entries"].message_type)
 
 
 def _host(labels: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -86,15 +88,13 @@ def add_entry(labels: Mapping[str, Any], ts: float | None, line: Any, meta: Meta
 
 class LokiJson(Document):
     def read(self, body: bytes) -> Batch:
-        try:
-            doc = json.loads(body)
-        except (ValueError, RecursionError) as e:
-            raise FormatError("bad", "malformed_json", f"the Loki push body is not valid JSON: {e}") from None
+        doc = load_json_document(body, "Loki push", self.meta)
         streams = doc.get("streams") if isinstance(doc, Mapping) else None
         if not isinstance(streams, list):
             raise FormatError("bad", "malformed_json", 'a Loki push body is {"streams": [...]}')
         batch = Batch()
         for stream in streams:
+            self.meta.count()
             if not isinstance(stream, Mapping):
                 batch.refuse("malformed")
                 continue
@@ -102,7 +102,9 @@ class LokiJson(Document):
             if isinstance(raw_labels, str):
                 raw_labels = parse_labels(raw_labels)
             labels = _host({str(k): v for k, v in raw_labels.items()} if isinstance(raw_labels, Mapping) else {})
-            for value in stream.get("values") or ():
+            values = stream.get("values") or ()
+            for value in values if isinstance(values, list) else ():
+                self.meta.count()
                 if not isinstance(value, list) or len(value) < 2:
                     batch.refuse("malformed")
                     continue
@@ -114,26 +116,64 @@ class LokiJson(Document):
 
 
 class LokiProtobuf(Document):
+    """Snappy (block format) is inflated into a buffer of the size its header declares, once that
+    size is known to be within `Meta.max_document_bytes`; the PushRequest is then read field by field
+    (`protowire`), one entry parsed at a time."""
+
     def read(self, body: bytes) -> Batch:
-        try:
-            raw = bytes(cramjam.snappy.decompress_raw(body))
-        except cramjam.DecompressionError as e:
-            raise FormatError("bad", "bad_encoding", f"a Loki protobuf body is snappy-compressed: {e}") from None
-        request = PushRequest()
-        try:
-            request.ParseFromString(raw)
-        except (DecodeError, RuntimeError, ValueError) as e:
-            raise FormatError("bad", "malformed_protobuf", f"not a Loki PushRequest: {e}") from None
+        raw = snappy_block(body, self.meta.max_document_bytes, "a Loki protobuf body")
         batch = Batch()
-        for stream in request.streams:
-            labels = _host(parse_labels(stream.labels))
-            for entry in stream.entries:
-                fields: Mapping[str, Any] = labels
+        meta = self.meta
+        for a, b in spans(raw, 0, len(raw), 1, _PUSH):
+            meta.count()
+            labels_text, entries = "", []
+            for n, wire, x, y in fields(raw, a, b, _PUSH):
+                if wire != LEN:
+                    continue
+                if n == 1:
+                    labels_text = raw[x:y].decode("utf-8", "replace")
+                elif n == 2:
+                    meta.count()
+                    entries.append((x, y))
+            labels = _host(parse_labels(labels_text))
+            for x, y in entries:
+                if x == y:
+                    batch.refuse("empty")
+                    continue
+                entry = EntryAdapter()
+                try:
+                    entry.MergeFromString(raw[x:y])
+                except (DecodeError, RuntimeError, ValueError) as e:
+                    raise FormatError("bad", "malformed_protobuf", f"not a Loki PushRequest: {e}") from None
+                fields_: Mapping[str, Any] = labels
                 if entry.structuredMetadata:
-                    fields = {**labels, **{p.name: p.value for p in entry.structuredMetadata}}
+                    fields_ = {**labels, **{p.name: p.value for p in entry.structuredMetadata}}
                 ts = entry.timestamp.seconds + entry.timestamp.nanos * 1e-9 if entry.HasField("timestamp") else None
-                add_entry(fields, ts or None, entry.line, self.meta, batch)
+                add_entry(fields_, ts or None, entry.line, meta, batch)
         return batch
+
+
+_PUSH = "Loki PushRequest"
+
+
+def snappy_block(body: bytes, limit: int, what: str) -> bytearray:
+    """Snappy's block format, inflated only when the size its header declares is within `limit`
+    (a 2 MB body may declare 4 GB); cramjam then refuses data that does not make exactly that size."""
+    try:
+        size = cramjam.snappy.decompress_raw_len(body)
+    except cramjam.DecompressionError as e:
+        raise FormatError("bad", "bad_encoding", f"{what} is snappy-compressed (block format): {e}") from None
+    if size > limit:
+        raise FormatError("too_large", "document_too_large",
+                          f"{what} inflates to {size} bytes; at most {limit} are read (input.max_document_bytes)")
+    out = bytearray(size)
+    try:
+        written = cramjam.snappy.decompress_raw_into(body, out)
+    except cramjam.DecompressionError as e:
+        raise FormatError("bad", "bad_encoding", f"{what} is snappy-compressed (block format): {e}") from None
+    if written != size:
+        del out[written:]
+    return out  # no copy: the document is read field by field from this buffer
 
 
 def looks_loki_json(head: bytes) -> bool:

@@ -13,19 +13,21 @@ content type, with `partial_success` when some records were refused.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsPartialSuccess,
-    ExportLogsServiceRequest,
     ExportLogsServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from logdx.formats.base import Batch, Document, Format, FormatError, Meta
+from logdx.formats.base import Batch, Document, Format, FormatError, Meta, load_json_document
 from logdx.formats.fields import routed_job, source_of, split_message
+from logdx.formats.protowire import LEN, fields, spans
 
 _NS = 1e-9
 
@@ -117,37 +119,63 @@ def add_log(body: Any, attrs: dict[str, Any], ts: float | None, meta: Meta, batc
 
 
 class OtlpProtobuf(Document):
+    """Read field by field (`protowire`): one log record is parsed at a time, an empty one costs
+    nothing, and the record count is bounded before any record is built."""
+
     def read(self, body: bytes) -> Batch:
-        request = ExportLogsServiceRequest()
-        try:
-            request.ParseFromString(body)
-        except (DecodeError, RuntimeError, ValueError) as e:
-            raise FormatError("bad", "malformed_protobuf", f"not an OTLP ExportLogsServiceRequest: {e}") from None
         batch = Batch()
-        for rl in request.resource_logs:
-            resource = {kv.key: _any_value(kv.value) for kv in rl.resource.attributes}
-            for sl in rl.scope_logs:
-                for rec in sl.log_records:
-                    attrs = {**resource, **{kv.key: _any_value(kv.value) for kv in rec.attributes}}
-                    ts = _nanos(rec.time_unix_nano) or _nanos(rec.observed_time_unix_nano)
-                    add_log(_any_value(rec.body) if rec.HasField("body") else None, attrs, ts, self.meta, batch)
+        meta = self.meta
+        for a, b in spans(body, 0, len(body), 1, _REQUEST):
+            meta.count()
+            resource, scopes = Resource(), []
+            for n, wire, x, y in fields(body, a, b, _REQUEST):
+                if wire != LEN:
+                    continue
+                if n == 1:
+                    _merge(resource, body[x:y])
+                elif n == 2:
+                    meta.count()
+                    scopes.append((x, y))
+            attrs = {kv.key: _any_value(kv.value) for kv in resource.attributes}
+            for x, y in scopes:
+                self._scope(body, x, y, attrs, batch)
         return batch
+
+    def _scope(self, body: bytes, start: int, end: int, resource: dict[str, Any], batch: Batch) -> None:
+        meta = self.meta
+        for a, b in spans(body, start, end, 2, _REQUEST):
+            meta.count()
+            if a == b:
+                batch.refuse("empty")
+                continue
+            rec = LogRecord()
+            _merge(rec, body[a:b])
+            attrs = {**resource, **{kv.key: _any_value(kv.value) for kv in rec.attributes}}
+            ts = _nanos(rec.time_unix_nano) or _nanos(rec.observed_time_unix_nano)
+            add_log(_any_value(rec.body) if rec.HasField("body") else None, attrs, ts, meta, batch)
+
+
+_REQUEST = "OTLP ExportLogsServiceRequest"
+
+
+def _merge(message: Any, data: bytes) -> None:
+    try:
+        message.MergeFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise FormatError("bad", "malformed_protobuf", f"not an OTLP ExportLogsServiceRequest: {e}") from None
 
 
 class OtlpJson(Document):
     def read(self, body: bytes) -> Batch:
-        try:
-            doc = json.loads(body)
-        except (ValueError, RecursionError) as e:
-            raise FormatError("bad", "malformed_json", f"the OTLP JSON body is not valid JSON: {e}") from None
+        doc = load_json_document(body, "OTLP JSON", self.meta)
         if not isinstance(doc, Mapping):
             raise FormatError("bad", "malformed_json", "an OTLP JSON body is an object with resourceLogs")
         batch = Batch()
-        for rl in _records(_list(doc, "resourceLogs", "resource_logs")):
+        for rl in _records(_list(doc, "resourceLogs", "resource_logs"), self.meta, batch):
             resource_obj = rl.get("resource")
             resource = _json_attributes(resource_obj.get("attributes")) if isinstance(resource_obj, Mapping) else {}
-            for sl in _records(_list(rl, "scopeLogs", "scope_logs")):
-                for rec in _records(_list(sl, "logRecords", "log_records")):
+            for sl in _records(_list(rl, "scopeLogs", "scope_logs"), self.meta, batch):
+                for rec in _records(_list(sl, "logRecords", "log_records"), self.meta, batch):
                     attrs = {**resource, **_json_attributes(rec.get("attributes"))}
                     ts = _nanos(_get(rec, "timeUnixNano", "time_unix_nano")) or _nanos(
                         _get(rec, "observedTimeUnixNano", "observed_time_unix_nano"))
@@ -155,8 +183,14 @@ class OtlpJson(Document):
         return batch
 
 
-def _records(items: Iterable[Any]) -> Iterable[Mapping[str, Any]]:
-    return (item for item in items if isinstance(item, Mapping))
+def _records(items: Iterable[Any], meta: Meta, batch: Batch) -> Iterator[Mapping[str, Any]]:
+    """The objects of a list, each counted; anything else is refused as malformed."""
+    for item in items:
+        meta.count()
+        if isinstance(item, Mapping):
+            yield item
+        else:
+            batch.refuse("malformed")
 
 
 def response(protobuf: bool, rejected: int = 0, message: str = "") -> tuple[bytes, str]:

@@ -118,6 +118,7 @@ class RecordsParser:
             self._need_comma = self._mode == "array"
             if len(raw) > self.meta.max_record_bytes:
                 raise self._too_large()
+            self.meta.count()
             try:
                 rec = json.loads(raw)
             except (ValueError, RecursionError) as e:

@@ -4,8 +4,9 @@
   transaction, keyed by what the diagnosis says (job id, category, failure type, culprit set, root
   line text; never a line number, which shifts when a restarted server replays its spools). The same
   diagnosis of the same job is never enqueued twice, even by a restarted server: `enqueue` returns
-  False. Another job blaming the same node for the same failure type within `alerts.node_dedup_s`
-  is folded into the first alert (recorded, not sent).
+  False. Another attempt of the same job (a restart, `NAME.attempt-N`) blaming the same node for the
+  same failure type within `alerts.node_dedup_s` is folded into the first alert (recorded, not
+  sent); another job's alert never is.
 - `resolve_job(job_id, why)` / `resolve_node(node, why)` queue a "resolved" follow-up to each alert
   about that job (it later succeeded) or node (it was uncordoned), once.
 - `Outbox.deliver_due()` sends what is due. A 2xx answer is a delivery; anything else (or no answer)
@@ -37,6 +38,7 @@ import httpx
 from logdx import __version__
 from logdx.act.alerts.base import Alert, Destination, clip, report_url
 from logdx.act.alerts.destinations import destinations
+from logdx.act.history import lineage_of
 from logdx.act.report import Report
 from logdx.config import AlertsSettings
 from logdx.store import Store, migrate
@@ -209,19 +211,23 @@ class Outbox:
         return True
 
     def _same_node_alert(self, job_id: str, report: Report, nodes: str, now: float) -> str | None:
-        """The key of another job's alert, within `alerts.node_dedup_s`, about the same failure type
-        on one of the same nodes: the one this alert is folded into."""
+        """The key of an alert about another attempt of the same job (its restarts: `NAME.attempt-N`),
+        within `alerts.node_dedup_s`, about the same failure type on one of the same nodes: the one
+        this alert is folded into. Another job's alert never is: two jobs failing alike on one node
+        are two failures their owners each need to hear about."""
         window = self.settings.node_dedup_s
         if not nodes or window <= 0:
             return None
+        lineage = lineage_of(job_id)[0]
         for host in nodes.strip(",").split(","):
-            row = self.db.query_value(
-                "SELECT dedupe_key FROM alert_keys WHERE kind = 'diagnosis' AND folded_into IS NULL"
+            rows = self.db.query(
+                "SELECT dedupe_key, job_id FROM alert_keys WHERE kind = 'diagnosis' AND folded_into IS NULL"
                 " AND failure_type = ? AND job_id != ? AND created_at >= ? AND nodes LIKE ? ESCAPE '\\'"
-                " ORDER BY created_at LIMIT 1",
+                " ORDER BY created_at",
                 (report.failure_type or "", job_id, now - window, "%," + _like_escape(host) + ",%"))
-            if row:
-                return str(row)
+            for row in rows:
+                if lineage_of(row["job_id"])[0] == lineage:
+                    return str(row["dedupe_key"])
         return None
 
     def _queue(self, key: str, alert: Alert, dests: list[Destination], now: float) -> None:
