@@ -297,9 +297,15 @@ def test_getattr_passthrough_counts_as_user(rules: RuleSet) -> None:
     assert rules.match(ev)[0].label.category is Category.FRAMEWORK
 
 
-def test_stdlib_and_frozen_frames_are_library(rules: RuleSet) -> None:
+def test_stdlib_and_frozen_frames_pass_the_error_to_their_caller(rules: RuleSet) -> None:
+    # Python's own library raises on behalf of whoever called it: the user's code, or a library.
     for path in ["/usr/lib/python3.11/json/decoder.py", "anaconda3/lib/python3.6/queue.py", "<frozen os>"]:
         ev = traceback_event("ValueError", "x", [("train.py", "main"), (path, "f")])
+        assert classify_origin(ev, rules.origin) == "user", path
+        ev = traceback_event("ValueError", "x", [("train.py", "main"), (f"{SITE}/datasets/load.py", "load"), (path, "f")])
+        assert classify_origin(ev, rules.origin) == "library", path
+        # With no caller shown (an excerpt that starts inside the standard library), library code raised it.
+        ev = traceback_event("ValueError", "x", [(path, "f")])
         assert classify_origin(ev, rules.origin) == "library", path
 
 
