@@ -80,14 +80,17 @@ def test_tail_lines_of_each_rank_are_flushed_at_the_end():
     assert max(k.record.line_no for k in tails) == 1000
 
 
-def test_nan_loss_and_spikes_are_kept():
+def test_a_nan_loss_is_kept_at_once_and_the_spike_before_it_is_where_the_divergence_began():
     lines = [progress(i, 0) for i in range(100)]
     lines.append("[rank0]: iteration 101/100000 | loss 95.0000 | lr 1.0e-04 | grad norm 9.9 | 140.0 ms")
     lines.append("[rank0]: iteration 102/100000 | loss nan | lr 1.0e-04 | grad norm nan | 140.0 ms")
-    _, kept = _feed(lines)
+    c, kept = _feed(lines)
     reasons = {k.record.line_no: k.reason for k in kept}
-    assert reasons[101] == "loss"
+    assert 101 not in reasons  # a spike alone may come back
     assert reasons[102] in ("loss", "error")
+    (began,) = c.finish_timeline()
+    assert began.record.line_no == 101 and began.divergence is not None and began.divergence.step == 101
+    assert began.divergence.loss_before is not None and 2.0 < began.divergence.loss_before < 3.0
 
 
 def test_summary_counts_world_hosts_and_progress():

@@ -6,11 +6,9 @@ import random
 
 from logdx.compress import (
     _ERROR_WORDS,
-    _PROGRESS_WORDS,
     CompressConfig,
     Compressor,
     _has_error_word,
-    _has_progress_word,
 )
 from logdx.normalize import Normalizer
 from logdx.patterns import mask
@@ -72,7 +70,6 @@ def test_case_folding_fast_path_matches_ignorecase():
     texts += [mask(r.decode()) for r in _lines(2000, 2)]
     for t in texts:
         assert _has_error_word(t) == bool(_ERROR_WORDS.search(t)), t
-        assert _has_progress_word(t) == bool(_PROGRESS_WORDS.search(t)), t
 
 
 def test_template_id_of_names_the_template_add_used():

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from logdx.diagnose.hangs import hang_label
 from logdx.diagnose.rules import (
     RuleError,
     RuleSet,
@@ -97,7 +98,8 @@ def test_every_rule_passes_its_examples(rules: RuleSet) -> None:
 
 
 def test_every_canonical_failure_type_is_covered(rules: RuleSet) -> None:
-    covered = set()
+    # Hangs told from stack dumps are labelled by who owns the code a process waits in (diagnose/hangs.py).
+    covered = {(hang_label(owner).category, hang_label(owner).failure_type) for owner in ("user", "library", "native")}
     for r in rules.rules:
         labels = list(r.by_origin.values()) if r.by_origin else [r.label]
         covered |= {(lab.category, lab.failure_type) for lab in labels if lab is not None}
@@ -295,9 +297,15 @@ def test_getattr_passthrough_counts_as_user(rules: RuleSet) -> None:
     assert rules.match(ev)[0].label.category is Category.FRAMEWORK
 
 
-def test_stdlib_and_frozen_frames_are_library(rules: RuleSet) -> None:
+def test_stdlib_and_frozen_frames_pass_the_error_to_their_caller(rules: RuleSet) -> None:
+    # Python's own library raises on behalf of whoever called it: the user's code, or a library.
     for path in ["/usr/lib/python3.11/json/decoder.py", "anaconda3/lib/python3.6/queue.py", "<frozen os>"]:
         ev = traceback_event("ValueError", "x", [("train.py", "main"), (path, "f")])
+        assert classify_origin(ev, rules.origin) == "user", path
+        ev = traceback_event("ValueError", "x", [("train.py", "main"), (f"{SITE}/datasets/load.py", "load"), (path, "f")])
+        assert classify_origin(ev, rules.origin) == "library", path
+        # With no caller shown (an excerpt that starts inside the standard library), library code raised it.
+        ev = traceback_event("ValueError", "x", [(path, "f")])
         assert classify_origin(ev, rules.origin) == "library", path
 
 

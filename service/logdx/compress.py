@@ -12,6 +12,7 @@ masked line is error-bearing or a progress line is decided once per distinct mas
 
 from __future__ import annotations
 
+import math
 import re
 from collections import deque
 from collections.abc import Callable
@@ -21,7 +22,10 @@ from drain3.drain import Drain
 
 from logdx.config import CompressSettings
 from logdx.hosts import clean_hostname
-from logdx.model import CompressionSummary, KeptLine, Record, TemplateStats
+from logdx.model import CompressionSummary, KeptLine, ProgressSummary, Record, TemplateStats
+from logdx.flightrec.frtext import is_report_line, is_report_start
+from logdx.stacks import classify_line, is_stack_start
+from logdx.timeline import LossSignal, ProgressShape, Timeline, checkpoint_step_of, may_count, progress_shape_of
 from logdx.patterns import (
     MASK,
     PARAM,
@@ -46,7 +50,6 @@ _ERROR_WORD_LIST = (
     "slurmstepd", "srun: ", "shm", "bus error", "unhealthy", "degraded", "throttl",
 )
 _ERROR_WORDS = re.compile("|".join(_ERROR_WORD_LIST), re.IGNORECASE)
-_PROGRESS_WORDS = re.compile(r"\b(?:iter(?:ation)?|step|epoch|loss|it/s|samples/s|tokens/s)\b", re.IGNORECASE)
 
 
 def _first_letter_alternation(alternatives: tuple[str, ...]) -> str:
@@ -64,8 +67,7 @@ def _first_letter_alternation(alternatives: tuple[str, ...]) -> str:
 # text with a lower-case pattern; text with other characters keeps the IGNORECASE pattern (it also
 # folds some of them onto ASCII letters: "ſ" onto "s", the Kelvin sign onto "k").
 _ERROR_WORDS_LOWER = re.compile(_first_letter_alternation(_ERROR_WORD_LIST))
-_PROGRESS_WORDS_LOWER = re.compile(_PROGRESS_WORDS.pattern)
-assert all(a == a.lower() for a in _ERROR_WORD_LIST) and _PROGRESS_WORDS.pattern == _PROGRESS_WORDS.pattern.lower()
+assert all(a == a.lower() for a in _ERROR_WORD_LIST)
 
 
 def _has_error_word(masked: str) -> bool:
@@ -73,11 +75,6 @@ def _has_error_word(masked: str) -> bool:
         return _ERROR_WORDS_LOWER.search(masked.lower()) is not None
     return _ERROR_WORDS.search(masked) is not None
 
-
-def _has_progress_word(masked: str) -> bool:
-    if masked.isascii():
-        return _PROGRESS_WORDS_LOWER.search(masked.lower()) is not None
-    return _PROGRESS_WORDS.search(masked) is not None
 
 
 _DIGITS = b"0123456789"
@@ -96,8 +93,6 @@ _ALLOCATION = re.compile(
     r"(?:\bExec host:|\bexec_host = |\bSLURM_(?:JOB_)?NODELIST=|\bNodeList=|\bexecuted on host\(s\) )\s*(.+)")
 _MAX_ALLOCATION = 4096
 _NCCL_COMM = re.compile(r"NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nr?[Rr]anks \d+ cudaDev (\d+)(?: nvmlDev \d+)? busId ([0-9a-fA-F]+)")
-# Matched at the position of the word "loss": "loss 2.31", "lm loss: 2.3E+00", "loss=nan".
-_LOSS_VALUE = re.compile(r"loss\b['\"]?[\s:=|]+(nan|-?inf|[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.IGNORECASE)
 
 
 def _setting(name: str) -> object:
@@ -126,6 +121,7 @@ class CompressConfig:
     tail_lines_per_source: int = _setting("tail_lines_per_source")
     max_sources: int = 8192
     max_traceback_lines: int = 400  # per source, per traceback
+    max_block_lines: int = 400  # per source, per block (a py-spy dump of one process and its threads, an fr_trace report)
     mask_cache_size: int = 200_000
     max_ids_per_template: int = 4096  # ranks / hosts remembered per template
     max_merged_templates: int = 2000  # above this many templates, merged_ids() leaves them apart
@@ -271,13 +267,21 @@ class _Shape:
 
     template_id: int  # of the variant its lines are counted in (Compressor._stats)
     error: bool
-    progress: bool
+    progress: ProgressShape | None  # how to read a progress line's step, loss... (None: not progress)
+    quiet: int = 0  # 1 when the line has no error word (a count, added per line)
     topology: bool = False  # an NCCL init line: which rank drives which GPU
     stats: TemplateStats | None = None  # the template's statistics (saves a lookup per line)
     # Whether the line's text can hold these words at all, known from the shape: a word without digits
     # that is in the text is in its digit-free key too, so a key without it rules the word out.
     loss: bool = True  # "loss" / "Loss": where a loss value is read
     traceback: bool = True  # TRACEBACK_START
+    # A line the timeline looks at besides progress: a checkpoint save, or a repeated line that may
+    # turn out to be progress (its counter rises: see timeline.Learner). Cleared once decided.
+    watch: bool = False
+    checkpoint: bool = False
+    # Starts a block kept whole although its lines carry no error word: "stack" (a py-spy / faulthandler /
+    # gdb dump), "fr" (a report of torch's flight-recorder analyser). None: not one.
+    block: str | None = None
 
 
 @dataclass(slots=True)
@@ -286,10 +290,13 @@ class _SourceState:
     in_traceback: int = 0  # lines left in the current traceback, 0 when not in one
     after_exception: int = 0  # continuation lines of an exception message still to keep
     tb_prefix: str = ""  # what the logger writes before each traceback line
+    in_block: int = 0  # lines left in the current block (see _Shape.block), 0 when not in one
+    block_kind: str = ""
     last_progress_ts: float | None = None
     interval_ema: float | None = None
-    loss_ema: float | None = None
-    loss_seen: int = 0
+    last_line: int = 0  # its last line of any kind, and that line's time: which rank went quiet
+    last_ts: float | None = None
+    quiet: int = 0  # its lines without an error word: did it go on doing its work?
 
 
 @dataclass
@@ -326,6 +333,8 @@ class Compressor:
         self._last_finite_loss_line: dict[str, int] = {}
         self._last_progress_ts: float | None = None
         self.last_progress: Record | None = None  # the last progress line itself: a stall's anchor
+        self.timeline = Timeline()
+        self._quiet = 0  # lines without an error word, all sources
         self._merged: tuple[int, dict[int, int]] | None = None  # (lines_in when computed, merged_ids())
         self._groups: tuple[int, dict[int, int], dict[int, str]] | None = None  # (lines_in, _grouping())
 
@@ -337,7 +346,8 @@ class Compressor:
         # Lines that differ only in their digits share a shape: deleting digits from the bytes is
         # ten times cheaper than masking, so the regex runs once per shape, not once per line.
         text = rec.text
-        key = text.encode("utf-8", "surrogatepass").translate(None, _DIGITS)
+        encoded = text.encode("utf-8", "surrogatepass")
+        key = encoded.translate(None, _DIGITS)
         shape = self._shapes.get(key)
         if shape is None:
             shape = self._new_shape(key, MASK.sub(PARAM, text), text)
@@ -370,9 +380,23 @@ class Compressor:
         else:
             source_key = rec.source_key
         src = self._source(source_key)
-        loss_anomaly = shape.progress and self._note_progress(rec, src, source_key, shape.loss)
+        src.last_line = line_no
+        src.quiet += shape.quiet
+        self._quiet += shape.quiet
+        if ts is not None:
+            src.last_ts = ts
+        signal = None
+        if shape.progress is not None:
+            signal = self._note_progress(rec, src, source_key, shape, encoded)
+        elif shape.watch:
+            self._watch_shape(key, shape, rec, source_key)
+        if signal is not None and signal.kind == "diverged":
+            # Confirmed only now, lines after it began: the line where it began stands for it.
+            return [KeptLine(record=signal.record, template_id=stats.template_id, reason="loss",
+                             divergence=signal.divergence)]
+        loss_anomaly = signal is not None and signal.kind == "nan"
         if (src.in_traceback or src.after_exception or shape.traceback or loss_anomaly or shape.error
-                or stats.count <= self.config.first_lines_per_template):
+                or src.in_block or shape.block or stats.count <= self.config.first_lines_per_template):
             reason = self._keep_reason(rec, shape, stats, src, loss_anomaly)
             if reason is not None:
                 return [self._keep(rec, stats, reason)]
@@ -385,17 +409,25 @@ class Compressor:
             self._shapes.clear()
         stats = self._variant_for(masked)
         error = _has_error_word(masked) or (self.also_error is not None and self.also_error(text))
+        # "*** STEP 42 CANCELLED ***" names a step but is no progress. (NaN losses are found by
+        # value, not by word, so Megatron's "number of nan iterations: 0" stays progress.)
+        # A save names its step ("saved checkpoint at iteration 200") but is not a step of training.
+        checkpoint = not error and checkpoint_step_of(text) is not None
+        progress = None if error or checkpoint else progress_shape_of(text)
         shape = _Shape(
             template_id=stats.template_id,
             error=error,
-            # "*** STEP 42 CANCELLED ***" names a step but is no progress. (NaN losses are found by
-            # value, not by word, so Megatron's "number of nan iterations: 0" stays progress.)
-            progress=not error and _has_progress_word(masked),
+            progress=progress,
+            checkpoint=checkpoint,
+            block="stack" if is_stack_start(text) else "fr" if is_report_start(text) else None,
+            # A line of digits no form knows may be a counter: the timeline learns it (or not).
+            watch=checkpoint or (progress is None and not error and len(key) < len(text) and may_count(text)),
             topology=("NCCL INFO comm" in masked and "busId" in masked) or "[Rank <*>] [job id" in masked
             or _BOX_HOST.match(text) is not None or _BOX_RANK.match(text) is not None
             or _ALLOCATION.search(text) is not None,
         )
         shape.stats = stats
+        shape.quiet = 0 if error else 1
         shape.loss = b"loss" in key or b"Loss" in key
         shape.traceback = _TRACEBACK_START_BYTES in key
         if shape.error:
@@ -511,6 +543,10 @@ class Compressor:
         self, rec: Record, shape: _Shape, stats: TemplateStats, src: _SourceState, loss_anomaly: bool
     ) -> str | None:
         text = rec.text
+        if src.in_block or shape.block:
+            reason = self._block_step(text, shape, src)
+            if reason is not None:
+                return reason
         if src.in_traceback:
             return self._traceback_step(strip_traceback_prefix(text, src.tb_prefix), src)
         if src.after_exception:
@@ -537,6 +573,16 @@ class Compressor:
             return "new_template"
         return None
 
+    def _block_step(self, text: str, shape: _Shape, src: _SourceState) -> str | None:
+        """A block's lines are kept whole, up to `max_block_lines` per block; None: not one (any more)."""
+        if shape.block:
+            src.in_block, src.block_kind = self.config.max_block_lines, shape.block
+        elif not (classify_line(text) is not None if src.block_kind == "stack" else is_report_line(text)):
+            src.in_block = 0
+            return None
+        src.in_block -= 1
+        return src.block_kind if self._room() else None
+
     def _traceback_step(self, text: str, src: _SourceState) -> str:
         src.in_traceback -= 1
         if not is_traceback_body(text):
@@ -559,8 +605,9 @@ class Compressor:
 
     # -- progress: what stalls and loss anomalies are judged by -----------------------------------
 
-    def _note_progress(self, rec: Record, src: _SourceState, source_key: str, has_loss: bool) -> bool:
-        """Track step timing and the loss; True when the loss is NaN/inf or spikes."""
+    def _note_progress(self, rec: Record, src: _SourceState, source_key: str, shape: _Shape,
+                       encoded: bytes) -> LossSignal | None:
+        """A progress line: step timing for stalls, and the timeline (per-rank steps, the loss)."""
         self._progress_lines += 1
         self.last_progress = rec
         self._last_progress_line[source_key] = rec.line_no
@@ -572,22 +619,28 @@ class Compressor:
             src.last_progress_ts = ts
             if self._last_progress_ts is None or ts > self._last_progress_ts:
                 self._last_progress_ts = ts
-        if not has_loss:
-            return False
-        value = _loss_value(rec.text)
-        if value is None:
-            return False
-        if value != value or abs(value) == float("inf"):
-            return True
-        self._last_finite_loss_line[source_key] = rec.line_no
-        if src.loss_ema is None:
-            src.loss_ema, src.loss_seen = value, 1
-            return False
-        src.loss_seen += 1
-        spike = src.loss_seen > 20 and value > 3.0 * src.loss_ema + 1.0
-        if not spike:
-            src.loss_ema = 0.95 * src.loss_ema + 0.05 * value
-        return spike
+        assert shape.progress is not None
+        progress = shape.progress
+        signal = self.timeline.note(rec, source_key, progress, shape.template_id, encoded)
+        if progress.loss_series:
+            loss = self.timeline.last_loss
+            if loss is not None and math.isfinite(loss):
+                self._last_finite_loss_line[source_key] = rec.line_no
+        return signal
+
+    def _watch_shape(self, key: bytes, shape: _Shape, rec: Record, source_key: str) -> None:
+        """A line that may say a checkpoint was saved, or may turn out to be a counter."""
+        if shape.checkpoint:
+            step = checkpoint_step_of(rec.text)
+            if step is not None:
+                self.timeline.note_checkpoint(step, rec.line_no)
+            return
+        learner = self.timeline.learner(key)
+        learned = learner.look(rec.text, source_key, rec.ts)
+        if learned is not None:
+            shape.progress = learned
+        if learner.done:
+            shape.watch = False
 
     # -- the end of the stream ---------------------------------------------------------------------
 
@@ -754,7 +807,30 @@ class Compressor:
             rank_hosts=dict(self._rank_hosts),
             gpu_ranks=dict(self._gpu_ranks),
             allocated_hosts=list(self._allocated or []),
+            progress=self._progress(),
         )
+
+    def output_mark(self, source_key: str) -> tuple[int, int]:
+        """(lines without an error word the source printed so far, the same for the whole job)."""
+        src = self._sources.get(source_key)
+        return (src.quiet if src is not None else 0), self._quiet
+
+    def _progress(self) -> ProgressSummary:
+        progress = self.timeline.summary({k: (s.last_line, s.last_ts) for k, s in self._sources.items()})
+        progress.quiet = {k: s.quiet for k, s in self._sources.items()}
+        progress.job_quiet = self._quiet
+        for s in progress.sources:  # a progress line rarely says its host; the rank's other lines do
+            if s.host is None and s.rank is not None:
+                s.host = self._rank_hosts.get(s.rank)
+        return progress
+
+    def finish_timeline(self) -> list[KeptLine]:
+        """The stream ended: a loss still far above its course, or a NaN never followed by a finite
+        loss, is a divergence (kept as the line where it began)."""
+        signal = self.timeline.close()
+        if signal is None or signal.divergence is None:
+            return []
+        return [KeptLine(record=signal.record, template_id=-2, reason="loss", divergence=signal.divergence)]
 
 
 def allocation_hosts(spec: str) -> list[str]:
@@ -810,18 +886,3 @@ def _covers(general: list[str], tokens: list[str]) -> bool:
     return True
 
 
-def _loss_value(text: str) -> float | None:
-    at = text.find("loss")
-    if at < 0:
-        at = text.find("Loss")
-        if at < 0:
-            return None
-    m = _LOSS_VALUE.match(text, at)
-    return _to_float(m.group(1)) if m else None
-
-
-def _to_float(s: str) -> float | None:
-    try:
-        return float(s)
-    except ValueError:
-        return None

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from logdx.config import DetectSettings
 from logdx.model import CompressionSummary, Event, Frame, KeptLine, Record
+from logdx.flightrec.frtext import parse_fr_trace_text
+from logdx.stacks import classify_line
 from logdx.patterns import (
     CHAINED,
     ORIGINAL_TRACEBACK,
@@ -43,6 +45,8 @@ _LOGGER_LEVEL = re.compile(r"(?:CRITICAL|ERROR|WARNING|WARN|INFO|DEBUG)\b[:\s]")
 # No watchdog lets a job hang this long: a "gap" that size is two clocks disagreeing, not a stall.
 _CLOCK_JUMP_S = 2 * 86400.0
 _BOX = ("│", "┃", "╭", "╰", "┏", "┗")
+_RETRY = re.compile(r"(?i)\bretrying\b|\bwill retry\b|\[retry \d+/\d+\]|\bretry(?: attempt)? \d+(?:/| of )\d+")
+_RETRY_LINES = 3
 
 
 def _introduces(wrapper: Event, rec: Record) -> bool:
@@ -84,6 +88,62 @@ class _OpenTraceback:
     glued: str | None = None  # the exception class glued to the closing line; its ": message" is next
 
 
+@dataclass(slots=True)
+class _Thread:
+    name: str
+    main: bool
+    tid: str | None = None
+    frames: list[Frame] = field(default_factory=list)  # innermost first, as dumps print them
+    records: list[Record] = field(default_factory=list)  # the line of each frame
+
+
+@dataclass(slots=True)
+class _OpenStack:
+    """A stack dump being read: one process's threads (py-spy `dump`, faulthandler, gdb), or, in a
+    dump that groups identical stacks ("4 in:" then the thread lines that share the stack after them),
+    the main threads of several processes."""
+
+    header: Record
+    pid: int | None = None
+    threads: list[_Thread] = field(default_factory=list)
+    group: list[_Thread] = field(default_factory=list)  # the threads the next frames belong to
+    lines: list[Record] = field(default_factory=list)
+
+    def thread(self, name: str, main: bool, tid: str | None = None) -> None:
+        t = _Thread(name=name, main=main, tid=tid)
+        self.threads.append(t)
+        if self.group and self.group[0].frames:
+            self.group = []  # the previous stack is complete: this header starts the next one
+        self.group.append(t)
+
+    def frame(self, frame: Frame, rec: Record) -> None:
+        if not self.group:
+            self.thread("", main=False)
+        for t in self.group:
+            t.frames.append(frame)
+            t.records.append(rec)
+
+    def events(self) -> list[Event]:
+        """One `stack_dump` event per process: its main thread's frames (outermost first, as in a
+        traceback; `attrs["frame_lines"]` the line of each), anchored at its innermost frame."""
+        threads = [t for t in self.threads if t.frames]
+        mains = [t for t in threads if t.main]
+        if self.pid is None and len(mains) > 1:  # several processes' main threads in one block
+            return [self._event(t, t.tid or t.name) for t in mains]
+        if not threads:
+            return []
+        main = mains[0] if mains else next((t for t in threads if t.frames[-1].function == "<module>"), threads[0])
+        return [self._event(main, self.pid)]
+
+    def _event(self, t: _Thread, pid: object) -> Event:
+        return Event(kind="stack_dump", anchor=t.records[0], lines=self.lines, frames=list(reversed(t.frames)),
+                     attrs={"pid": pid, "thread": t.name, "threads": len(self.threads),
+                            "frame_lines": list(reversed(t.records))})
+
+
+_MAX_STACK_THREADS = 256
+
+
 @dataclass
 class Detector:
     config: DetectConfig = field(default_factory=DetectConfig)
@@ -95,6 +155,9 @@ class Detector:
         self._last_raised: dict[str, Event] = {}
         self._chain_pending: set[str] = set()  # "During handling of the above exception" was said
         self._host_follows: dict[str, Event] = {}  # an event whose host is on one of the next lines
+        self._stacks: dict[str, _OpenStack] = {}  # a stack dump being read, per source
+        self._reports: dict[str, list[Record]] = {}  # an fr_trace report being read, per source
+        self._last_line_event: dict[str, Event] = {}  # per source: what a "Retrying in 1s" line is about
         self.events_emitted = 0
 
     def feed(self, kept: KeptLine) -> list[Event]:
@@ -102,6 +165,13 @@ class Detector:
         rec = kept.record
         key = rec.source_key
         self._note_named_host(key, rec)
+        if kept.reason == "stack":
+            return self._stack_line(key, rec)
+        if kept.reason == "fr":
+            self._reports.setdefault(key, []).append(rec)
+            return []
+        if key in self._stacks or key in self._reports:  # anything else from the process ends its block
+            return self._count(self._close_stack(key) + self._close_report(key)) + self.feed(kept)
         if rec.text.lstrip().startswith(CHAINED):
             self._chain_pending.add(key)  # the traceback that follows is the next link of the chain
             return []
@@ -113,14 +183,25 @@ class Detector:
             del self._open[key]
         if kept.reason == "error" and not rec.text.startswith(_BOX):
             # A box-drawn line is source code quoted by a rich traceback, not something that happened.
+            self._note_retry(key, rec)
             ev = self._line_event(rec)
+            self._last_line_event[key] = ev
             self._expect_host(ev)
             if ev.exception_type:  # a stray exception line: its message may go on, as after a traceback
                 self._open[key] = _OpenTraceback(event=ev, closed=True, continuation_left=_CONTINUATION_LINES)
             out.append(ev)
         elif kept.reason == "loss":
-            out.append(self._loss_event(rec))
+            out.append(self._loss_event(kept))
         return self._count(out)
+
+    def _note_retry(self, key: str, rec: Record) -> None:
+        """"Retrying in 1s [Retry 1/5]" right after an error line: the program handles that error by
+        trying again, it does not end with it (the retries that run out end in an error of their own)."""
+        previous = self._last_line_event.get(key)
+        if previous is not None and rec.line_no - previous.line_no <= _RETRY_LINES and _RETRY.search(rec.text):
+            previous.attrs["retried"] = True
+        if len(self._last_line_event) > 8192:
+            self._last_line_event.clear()
 
     def _note_named_host(self, key: str, rec: Record) -> None:
         """A message that ends "... located on node:" names the host on one of its next lines, in a
@@ -140,11 +221,13 @@ class Detector:
 
     def finish(self, summary: CompressionSummary, last_progress: Record | None = None) -> list[Event]:
         """Close what is still open and look at the stream as a whole (stalls)."""
+        dumps = [ev for key in list(self._stacks) for ev in self._close_stack(key)]
+        dumps += [ev for key in list(self._reports) for ev in self._close_report(key)]
         for tb in self._open.values():
             if tb.glued is not None:  # the stream ended on a closing line with a glued class
                 tb.event.exception_type, tb.event.exception_message = tb.glued, ""
                 tb.event.anchor = tb.event.lines[-1]
-        out = [tb.event for tb in self._open.values() if not tb.closed]
+        out = dumps + [tb.event for tb in self._open.values() if not tb.closed]
         for ev in out:
             if not ev.exception_type:
                 _raised_by_last_frame(ev)
@@ -162,6 +245,41 @@ class Detector:
             return []
         self.events_emitted += len(events)
         return events
+
+    # -- stack dumps --------------------------------------------------------------------------------
+
+    def _stack_line(self, key: str, rec: Record) -> list[Event]:
+        what = classify_line(rec.text)
+        out: list[Event] = []
+        dump = self._stacks.get(key)
+        if what is None or what.kind == "process" or dump is None:
+            if dump is not None:
+                out = self._close_stack(key)
+            dump = self._stacks[key] = _OpenStack(header=rec)
+        if what is None:
+            return self._count(out)
+        dump.lines.append(rec)
+        if what.kind == "process":
+            dump.pid = what.pid
+        elif what.kind == "thread" and len(dump.threads) < _MAX_STACK_THREADS:
+            dump.thread(what.thread or "", what.main, what.tid)
+        elif what.kind == "frame" and what.frame is not None:
+            dump.frame(what.frame, rec)
+        return self._count(out)
+
+    def _close_report(self, key: str) -> list[Event]:
+        """An fr_trace report (torch's flight-recorder analyser) as one `fr_report` event with its findings."""
+        lines = self._reports.pop(key, None)
+        if not lines:
+            return []
+        findings = parse_fr_trace_text(r.text for r in lines)
+        if not findings.groups:
+            return []
+        return [Event(kind="fr_report", anchor=lines[0], lines=lines, attrs={"findings": findings})]
+
+    def _close_stack(self, key: str) -> list[Event]:
+        dump = self._stacks.pop(key, None)
+        return dump.events() if dump is not None else []
 
     # -- tracebacks ---------------------------------------------------------------------------------
 
@@ -341,15 +459,26 @@ class Detector:
             self._last_raised[rec.source_key] = ev
         return ev
 
-    def _loss_event(self, rec: Record) -> Event:
+    def _loss_event(self, kept: KeptLine) -> Event:
+        """A NaN/inf loss as it is printed (`loss_nan`), or a divergence the timeline confirmed
+        (`loss_spike`: a spike that did not come back, skipped or NaN iterations every interval, a
+        gradient blow-up), anchored where it began."""
+        rec = kept.record
+        d = kept.divergence
+        if d is not None and d.kind != "nan":
+            attrs: dict[str, object] = {"divergence": d.kind, "step": d.step, "loss_before": d.loss_before,
+                                        "loss_after": d.loss_after, "rollback_to_step": d.rollback_to_step}
+            return Event(kind="loss_spike", anchor=rec, lines=[rec], attrs=attrs)
         m = _LOSS.search(rec.text)
-        value = m.group("v").lower() if m else "?"
-        kind = "loss_nan" if value in ("nan", "inf", "-inf") else "loss_spike"
-        return Event(kind=kind, anchor=rec, lines=[rec], attrs={"loss": value})
+        value = m.group("v").lower() if m else "nan"
+        attrs = {"loss": value}
+        if d is not None:
+            attrs.update({"divergence": d.kind, "step": d.step, "rollback_to_step": d.rollback_to_step})
+        return Event(kind="loss_nan", anchor=rec, lines=[rec], attrs=attrs)
 
     def _stall_event(self, summary: CompressionSummary, last_progress: Record | None) -> Event | None:
-        if last_progress is None or summary.last_progress_ts is None or summary.last_ts is None:
-            return None
+        if last_progress is None or last_progress.ts is None or summary.last_progress_ts is None or summary.last_ts is None:
+            return None  # the last progress line says no time: how long ago it was cannot be told
         gap = summary.last_ts - summary.last_progress_ts
         interval = summary.step_interval_s or 0.0
         if gap < max(self.config.stall_factor * interval, self.config.stall_min_s):

@@ -85,7 +85,79 @@ class KeptLine:
 
     record: Record
     template_id: int
-    reason: str  # "error" | "traceback" | "new_template" | "tail"
+    reason: str  # "error" | "traceback" | "new_template" | "tail" | "loss"
+    divergence: Divergence | None = None  # reason "loss": the divergence the line began, once confirmed
+
+
+@dataclass(slots=True)
+class Divergence:
+    """Where the loss left its course: a spike that did not come back, NaN/inf, skipped iterations in
+    every interval, a gradient-norm blow-up (or, in `recovered_spikes`, one that came back)."""
+
+    kind: str  # "spike" | "nan" | "skipped" | "grad_norm"
+    step: float | None
+    line_no: int
+    loss_before: float | None = None
+    loss_after: float | None = None
+    rollback_to_step: int | None = None  # the last checkpoint the log says was saved before `step`
+
+
+@dataclass(slots=True)
+class ProgressMark:
+    """Where a source (the rank that printed an event) and the whole job were when the event was
+    found: the diagnosis compares it with where they ended (did they go on?)."""
+
+    source_advances: int = 0
+    source_step: float | None = None
+    job_advances: int = 0
+    job_rises: int = 0  # how often the job's highest step had risen
+    job_step: float | None = None
+    job_lines: int = 0
+    # Lines without an error word the source, and the whole job, had printed: did the process go on
+    # doing its work after an event, in a job that makes no progress (yet)?
+    source_quiet: int = 0
+    job_quiet: int = 0
+
+
+@dataclass(slots=True)
+class SourceProgress:
+    """One rank's (else one host's) training progress."""
+
+    key: str  # Record.source_key
+    rank: int | None
+    host: str | None
+    first_line: int
+    last_line: int
+    first_step: float | None
+    last_step: float | None
+    first_ts: float | None
+    last_ts: float | None
+    lines: int
+    advances: int  # progress lines whose counter rose
+    steps_per_s: float | None
+    step_delta: float | None = None  # the smallest step between two of its progress lines (its logging interval)
+
+
+@dataclass(slots=True)
+class ProgressSummary:
+    """The job's training progress as the timeline saw it (logdx/timeline.py)."""
+
+    lines: int = 0
+    last_step: float | None = None
+    last_line: int = 0
+    last_ts: float | None = None
+    sources: list[SourceProgress] = field(default_factory=list)
+    loss: list[tuple[float, float]] = field(default_factory=list)  # (step, loss), decimated
+    step_time_s: list[tuple[float, float]] = field(default_factory=list)
+    divergence: Divergence | None = None
+    recovered_spikes: list[Divergence] = field(default_factory=list)
+    checkpoints: list[tuple[int, int]] = field(default_factory=list)  # (step, line_no) saved
+    # Every source's last line of any kind (line_no, ts): which rank went quiet first.
+    last_output: dict[str, tuple[int, float | None]] = field(default_factory=dict)
+    quiet: dict[str, int] = field(default_factory=dict)  # per source, lines without an error word
+    job_quiet: int = 0
+    job_advances: int = 0
+    job_rises: int = 0  # how often the job's highest step rose
 
 
 @dataclass(slots=True)
@@ -112,6 +184,7 @@ class CompressionSummary:
     # The job's nodes as its scheduler printed them (PBS "Exec host:", Slurm SLURM_JOB_NODELIST, LSF
     # "executed on host(s)"): a job on exactly one node links a line without a host to that node.
     allocated_hosts: list[str] = field(default_factory=list)
+    progress: ProgressSummary = field(default_factory=ProgressSummary)
 
 
 @dataclass(slots=True)
@@ -201,6 +274,29 @@ class Attribution:
 
 
 @dataclass(slots=True)
+class Recovered:
+    """An event the job went on making progress after: a note, never the root, never an action."""
+
+    line_no: int
+    text: str
+    kind: str
+    rank: int | None
+    host: str | None
+    source: str  # "rule:<id>"
+
+
+@dataclass(slots=True)
+class StoppedFirst:
+    """The rank(s) whose progress or output stopped before the others': the silent rank of a hang."""
+
+    ranks: list[int]
+    hosts: list[str]
+    step: float | None
+    line_no: int
+    basis: str
+
+
+@dataclass(slots=True)
 class Diagnosis:
     status: str  # "failed" | "healthy" | "empty" (no log text at all)
     label: Label | None
@@ -213,4 +309,7 @@ class Diagnosis:
     votes: list[StageVote] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     context: FailureContext | None = None  # what retrieval and the LLM saw; kept with the report
+    decided_by: str = "rules"  # the stage whose label stands: "rules", or the later stage that changed it
+    recovered: list[Recovered] = field(default_factory=list)  # what the job went on after
+    stopped_first: StoppedFirst | None = None
     stage_ms: dict[str, float] = field(default_factory=dict)  # time spent in each diagnosis stage

@@ -30,6 +30,9 @@ from logdx.diagnose.cascade import Diagnoser
 from logdx.diagnose.fusion import FusionWeights
 from logdx.diagnose.rules import RuleSet, default_rules_dir, load_rules
 from logdx.model import CompressionSummary, Event, FailureContext, KeptLine, Record, Role, TemplateStats
+
+if TYPE_CHECKING:
+    from logdx.flightrec import FrFindings
 from logdx.normalize import InputError, Normalizer, Source, iter_lines, open_input
 
 if TYPE_CHECKING:
@@ -110,9 +113,11 @@ class Engine:
     def new_session(self) -> Session:
         return Session(self)
 
-    def diagnose_path(self, path: str | Path) -> tuple[Report, FailureContext | None]:
+    def diagnose_path(self, path: str | Path, exit_code: int | None = None,
+                      fr: FrFindings | None = None) -> tuple[Report, FailureContext | None]:
         """Diagnose a whole file (or `-` for stdin) in one streaming pass: the report, and the
-        masked failure context it was made from (what `remember` stores for feedback).
+        masked failure context it was made from (what `remember` stores for feedback). `exit_code`:
+        how the job ended, when known (0 and no fatal event is healthy); `fr`: its flight-recorder findings.
 
         Raises `InputError` when the input cannot be read, a truncated or corrupt gzip included."""
         session = self.new_session()
@@ -122,7 +127,9 @@ class Engine:
             except (EOFError, gzip.BadGzipFile, zlib.error) as e:
                 name = "stdin" if str(path) == "-" else str(path)
                 raise InputError(f"{name}: truncated or corrupt gzip data ({e})") from None
-        report = session.report()
+        if fr is not None:
+            session.add_flight_recorder(fr)
+        report = session.report(exit_code)
         return report, session.last_context
 
 
@@ -238,7 +245,15 @@ class Session:
 
     def _note_events(self, new: list[Event]) -> None:
         self.events.extend(new)
+        timeline = self.compressor.timeline
         for ev in new:
+            # Where its rank and the job were when it happened: did they go on after it?
+            if "progress_at" not in ev.attrs:
+                mark = timeline.mark(ev.anchor.source_key)
+                mark.source_quiet, mark.job_quiet = self.compressor.output_mark(ev.anchor.source_key)
+                ev.attrs["progress_at"] = mark
+            if ev.kind in ("stack_dump", "fr_report"):
+                continue  # read as a whole by the diagnosis (diagnose/hangs.py)
             hits = self.engine.rules.match(ev)
             if hits and hits[0].role == Role.ROOT_CAUSE:
                 self.root_cause_events.append(ev)
@@ -247,6 +262,15 @@ class Session:
     def root_cause_seen(self) -> bool:
         """A precise root cause has appeared: reason enough to diagnose before the job ends."""
         return bool(self.root_cause_events)
+
+    def add_flight_recorder(self, findings: FrFindings, where: str = "flight-recorder dumps") -> None:
+        """A job's flight-recorder findings (logdx.flightrec), read beside its log: the ranks missing
+        from the collective everyone else waits in. They stand as a line of their own (line 0: not the
+        log's) that the diagnosis reads like an fr_trace report printed in the log."""
+        first = findings.summary().splitlines()[0] if findings.groups else "no collective recorded"
+        text = f"{where}: {first}"
+        rec = Record(line_no=0, raw=text, text=text)
+        self._note_events([Event(kind="fr_report", anchor=rec, lines=[rec], attrs={"findings": findings})])
 
     def take_new_root_causes(self) -> list[Event]:
         """Root-cause events that appeared since the last call (all of them the first time)."""
@@ -303,6 +327,8 @@ class Session:
             return
         self.finished = True
         for kept in self.compressor.flush_tails():
+            self._note_events(self.detector.feed(kept))
+        for kept in self.compressor.finish_timeline():
             self._note_events(self.detector.feed(kept))
         summary = self._summary()
         self._note_events(self.detector.finish(summary, self.compressor.last_progress))

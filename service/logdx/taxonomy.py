@@ -7,6 +7,8 @@ cluster asks here.
 
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -220,6 +222,22 @@ def make_label(category: Category | str, failure_type: str, action: Action | str
 
 
 _SITE_DIRS = ("site-packages", "dist-packages")
+_STDLIB = frozenset(sys.stdlib_module_names)
+# Python's own library: /usr/lib/python3.10/enum.py, <conda>/lib/python3.8/queue.py (not its site-packages).
+_PYTHON_LIB = re.compile(r"[\\/]lib[\\/]python\d+(?:\.\d+)?[\\/](?!site-packages|dist-packages)")
+
+
+def is_stdlib_path(path: str) -> bool:
+    """A file of Python's own standard library: a full path under lib/pythonX.Y (not its site-packages),
+    `<frozen ...>`, or a short path (py-spy's) whose top module is a standard one ("queue.py",
+    "multiprocessing/connection.py")."""
+    p = path.replace("\\", "/")
+    if p.startswith("<frozen") or _PYTHON_LIB.search(p):
+        return True
+    if p.startswith(("/", ".")) or ":" in p:
+        return False  # a full or relative path elsewhere: not Python's own
+    top = p.split("/", 1)[0].removesuffix(".py")
+    return top in _STDLIB and top not in ("test", "tests")
 
 
 def module_of_path(path: str) -> str | None:

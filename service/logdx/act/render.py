@@ -71,6 +71,13 @@ def render_text(report: Report, color: bool = False) -> str:
             lines.append(f"{'why':>10}  {report.explanation}")
         if report.hint:
             lines.append(f"{'next':>10}  {report.hint}")
+    progress = _progress_text(report)
+    if progress:
+        lines.append(f"{'progress':>10}  {progress}")
+    if report.recovered:
+        first = report.recovered[0]
+        more = f" (+{len(report.recovered) - 1} more)" if len(report.recovered) > 1 else ""
+        lines.append(f"{'recovered':>10}  " + paint(f"the job went on after {first.line_no}: {_clip(first.text)}{more}", "dim"))
     if report.evidence:
         lines.append("")
         lines.append(paint("evidence", "bold"))
@@ -92,6 +99,28 @@ def render_text(report: Report, color: bool = False) -> str:
         )
     )
     return "\n".join(lines) + "\n"
+
+
+def _progress_text(report: Report) -> str:
+    p = report.progress
+    if p is None:
+        return ""
+    parts = []
+    if p.last_step is not None:
+        parts.append(f"step {p.last_step:g} reached on {p.ranks} rank{'s' if p.ranks != 1 else ''}")
+    if p.stopped is not None:
+        parts.append(f"stopped advancing after line {p.stopped.line_no}")
+    if p.first_stopped is not None:
+        who = ", ".join(f"rank {r}" for r in p.first_stopped.ranks[:4])
+        where = f" ({', '.join(p.first_stopped.hosts[:4])})" if p.first_stopped.hosts else ""
+        at = f" at step {p.first_stopped.step:g}" if p.first_stopped.step is not None else ""
+        parts.append(f"{who}{where} stopped first{at}")
+    if p.divergence is not None:
+        d = p.divergence
+        since = f" since step {d.step:g}" if d.step is not None else ""
+        back = f"; roll back to step {d.rollback_to_step}" if d.rollback_to_step is not None else ""
+        parts.append(f"loss diverged ({d.kind}){since}{back}")
+    return "; ".join(parts)
 
 
 def _culprit_text(report: Report) -> str:

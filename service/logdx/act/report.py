@@ -10,7 +10,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from logdx.model import CompressionSummary, Diagnosis
+from logdx.model import CompressionSummary, Diagnosis, Divergence, ProgressSummary
+
+_MAX_SOURCES = 1024
+_MAX_RECOVERED = 50
 
 
 class Culprits(BaseModel):
@@ -41,6 +44,69 @@ class CompressionFigures(BaseModel):
     lines_kept: int
 
 
+class StepPoint(BaseModel):
+    step: float | None = None
+    line_no: int
+    ts: float | None = None
+
+
+class StoppedFirstBlock(BaseModel):
+    ranks: list[int]
+    hosts: list[str]
+    step: float | None = None
+    line_no: int
+    basis: str = Field(description="how it was told: by progress, or by output")
+
+
+class SourceBlock(BaseModel):
+    rank: int | None = None
+    host: str | None = None
+    first_line: int
+    last_line: int
+    first_step: float | None = None
+    last_step: float | None = None
+    last_ts: float | None = None
+    steps_per_s: float | None = None
+
+
+class DivergenceBlock(BaseModel):
+    kind: Literal["spike", "nan", "skipped", "grad_norm"]
+    step: float | None = None
+    line_no: int
+    loss_before: float | None = None
+    loss_after: float | None = None
+    rollback_to_step: int | None = Field(None, description="the last checkpoint the log says was saved before "
+                                         "`step`: roll back to it and skip the data that followed")
+
+
+class ProgressBlock(BaseModel):
+    """The job's training progress: where each rank got to, where the job stopped advancing."""
+
+    lines: int = Field(description="progress lines seen")
+    ranks: int = Field(description="sources (ranks, else hosts) that made progress")
+    last_step: float | None = None
+    stopped: StepPoint | None = Field(None, description="where the job stopped advancing; null when it ran to its end")
+    first_stopped: StoppedFirstBlock | None = Field(
+        None, description="the rank(s) whose progress or output ended before the others' (a hang's silent rank)")
+    per_source: list[SourceBlock] = Field(default_factory=list, description=f"at most {_MAX_SOURCES} entries")
+    loss: list[tuple[float, float]] = Field(default_factory=list, description="(step, loss), decimated")
+    step_time_s: list[tuple[float, float]] = Field(default_factory=list, description="(step, seconds per step)")
+    divergence: DivergenceBlock | None = None
+    recovered_spikes: list[DivergenceBlock] = Field(default_factory=list, description="loss spikes that came back")
+    checkpoints: list[tuple[int, int]] = Field(default_factory=list, description="(step, line_no) saved")
+
+
+class RecoveredItem(BaseModel):
+    """An event the job went on making progress after: never the root cause, never an action."""
+
+    line_no: int
+    text: str
+    kind: str
+    rank: int | None = None
+    host: str | None = None
+    source: str
+
+
 class Report(BaseModel):
     id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
     # "empty": the input held no log text at all (nothing to call healthy or failed).
@@ -57,6 +123,8 @@ class Report(BaseModel):
     compression: CompressionFigures
     timings_ms: dict[str, float]
     notes: list[str] = Field(default_factory=list)
+    progress: ProgressBlock | None = Field(None, description="null when the log has no training progress lines")
+    recovered: list[RecoveredItem] = Field(default_factory=list)
 
 
 def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: dict[str, float]) -> Report:
@@ -78,4 +146,46 @@ def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: 
         compression=CompressionFigures(lines_in=summary.lines_in, templates=summary.templates, lines_kept=summary.lines_kept),
         timings_ms={k: round(v, 1) for k, v in timings_ms.items()},
         notes=d.notes,
+        progress=_progress_block(summary.progress, d, failed=not healthy),
+        recovered=[RecoveredItem(line_no=r.line_no, text=_clip(r.text), kind=r.kind, rank=r.rank, host=r.host,
+                                 source=r.source) for r in d.recovered[:_MAX_RECOVERED]],
     )
+
+
+def _progress_block(p: ProgressSummary, d: Diagnosis, *, failed: bool) -> ProgressBlock | None:
+    if p.lines == 0:
+        return None
+    first = d.stopped_first
+    return ProgressBlock(
+        lines=p.lines,
+        ranks=len(p.sources),
+        last_step=p.last_step,
+        stopped=StepPoint(step=p.last_step, line_no=p.last_line, ts=p.last_ts) if failed else None,
+        first_stopped=StoppedFirstBlock(ranks=first.ranks, hosts=first.hosts, step=first.step, line_no=first.line_no,
+                                        basis=first.basis) if first is not None else None,
+        per_source=[SourceBlock(rank=s.rank, host=s.host, first_line=s.first_line, last_line=s.last_line,
+                                first_step=s.first_step, last_step=s.last_step, last_ts=s.last_ts,
+                                steps_per_s=round(s.steps_per_s, 4) if s.steps_per_s else None)
+                    for s in sorted(p.sources, key=_source_order)[:_MAX_SOURCES]],
+        loss=[(x, round(y, 6)) for x, y in p.loss if y == y and abs(y) != float("inf")],
+        step_time_s=p.step_time_s,
+        divergence=_divergence(p.divergence),
+        recovered_spikes=[b for x in p.recovered_spikes if (b := _divergence(x)) is not None],
+        checkpoints=p.checkpoints,
+    )
+
+
+def _source_order(s: object) -> tuple[int, str]:
+    rank = getattr(s, "rank", None)
+    return (rank if rank is not None else 1 << 30, getattr(s, "key", ""))
+
+
+def _divergence(x: Divergence | None) -> DivergenceBlock | None:
+    if x is None:
+        return None
+    return DivergenceBlock(kind=x.kind, step=x.step, line_no=x.line_no, loss_before=x.loss_before,  # type: ignore[arg-type]
+                           loss_after=x.loss_after, rollback_to_step=x.rollback_to_step)
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

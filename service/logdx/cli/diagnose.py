@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from logdx.act.report import Report
     from logdx.cli.inputs import LineMap, LogFile
     from logdx.config import Settings
+    from logdx.flightrec import FrFindings
     from logdx.formats import Meta
     from logdx.incidents import IncidentStore
     from logdx.model import FailureContext, TemplateStats
@@ -58,6 +59,9 @@ def add_diagnose_args(p: argparse.ArgumentParser) -> None:
                    help="text, ndjson, msgpack, otlp, otlp-json, loki, loki-json, or auto (the default: "
                         "recognised by the first bytes where that is unambiguous, else text)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--fr-dumps", default=None, metavar="PATH",
+                   help="the job's PyTorch flight-recorder dumps (a directory of per-rank files, or one file): "
+                        "the ranks missing from the collective the others wait in name a hang's culprit")
     p.add_argument("--exit-code", type=int, default=None, metavar="N",
                    help="how the job ended, when you know it: 0 with no fatal event in the log is healthy "
                         "(whatever it printed on the way); non-zero is a failure even when the log says nothing")
@@ -76,14 +80,15 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from logdx.normalize import InputError
 
     settings = settings_from(args)
+    fr = _flight_recorder(args.fr_dumps) if args.fr_dumps else None
     engine = build_engine(settings, args.rules)
     logs: list[str] = args.logs
     several = len(logs) > 1 or Path(logs[0]).is_dir()
     try:
         if several:
-            diagnosed = diagnose_files(engine, collect(logs, settings.input), args.format, args.exit_code)
+            diagnosed = diagnose_files(engine, collect(logs, settings.input), args.format, args.exit_code, fr)
         else:
-            diagnosed = diagnose_file(engine, logs[0], args.format, args.exit_code)
+            diagnosed = diagnose_file(engine, logs[0], args.format, args.exit_code, fr)
     except (InputError, FormatError) as e:
         raise UsageError(str(e)) from None
     report = diagnosed.report
@@ -107,11 +112,23 @@ class Diagnosed:
     templates: list[TemplateStats]  # the job's Drain templates (what `logdx mcp` shows an agent)
 
 
-def _diagnose(engine: Engine, feed: Callable[[Session], dict[str, int]], exit_code: int | None) -> Diagnosed:
+def _flight_recorder(path: str) -> FrFindings:
+    from logdx.flightrec import FrDumpError, analyse, load_dumps
+
+    try:
+        return analyse(load_dumps(path))
+    except FrDumpError as e:
+        raise UsageError(f"--fr-dumps: {e}") from None
+
+
+def _diagnose(engine: Engine, feed: Callable[[Session], dict[str, int]], exit_code: int | None,
+              fr: FrFindings | None = None) -> Diagnosed:
     """Feed a session (`feed` returns what it refused, by reason), then diagnose it (`exit_code`: how
-    the job ended, when known)."""
+    the job ended, when known; `fr`: its flight-recorder findings)."""
     session = engine.new_session()
     refused = feed(session)
+    if fr is not None:
+        session.add_flight_recorder(fr)
     report = session.report(exit_code)
     if refused:
         report.notes.append("records without a line, skipped: " + ", ".join(f"{n} {r}" for r, n in sorted(refused.items())))
@@ -141,7 +158,8 @@ def _format_of(f: BinaryIO, name: str, fmt: str) -> str:
     return chosen
 
 
-def diagnose_file(engine: Engine, path: str, fmt: str, exit_code: int | None = None) -> Diagnosed:
+def diagnose_file(engine: Engine, path: str, fmt: str, exit_code: int | None = None,
+                  fr: FrFindings | None = None) -> Diagnosed:
     """One input: text goes the fast way, a shipper's format through `logdx.formats`, every record
     one job's (whatever job it names), records without a line noted in the report."""
     from logdx import formats
@@ -164,12 +182,13 @@ def diagnose_file(engine: Engine, path: str, fmt: str, exit_code: int | None = N
             return refused
 
         try:
-            return _diagnose(engine, feed, exit_code)
+            return _diagnose(engine, feed, exit_code, fr)
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
             raise InputError(f"{name}: truncated or corrupt gzip data ({e})") from None
 
 
-def diagnose_files(engine: Engine, files: list[LogFile], fmt: str, exit_code: int | None = None) -> Diagnosed:
+def diagnose_files(engine: Engine, files: list[LogFile], fmt: str, exit_code: int | None = None,
+                   fr: FrFindings | None = None) -> Diagnosed:
     """Several files as one job, merged in time order; a file found in a folder that is no log
     (binary data) is skipped with a note, a file named outright is an error."""
     from logdx.cli.inputs import LineMap, merged_lines, open_log
@@ -204,7 +223,7 @@ def diagnose_files(engine: Engine, files: list[LogFile], fmt: str, exit_code: in
             return refused
 
         try:
-            diagnosed = _diagnose(engine, feed, exit_code)
+            diagnosed = _diagnose(engine, feed, exit_code, fr)
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
             raise InputError(f"truncated or corrupt gzip data in one of the files ({e})") from None
         except FormatError as e:

@@ -14,9 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from logdx.diagnose.culprit import blames_one_node
+from logdx.diagnose.culprit import UNNAMED_CORDON_MIN_CONFIDENCE, blames_one_node
 from logdx.diagnose.fusion import FusionResult, FusionWeights, fuse, needs_arbiter
-from logdx.diagnose.rootcause import RulesOutcome, find_root_cause, likeliest_unexplained
+from logdx.diagnose.hangs import HANG_TYPES
+from logdx.diagnose.life import first_stopped
+from logdx.diagnose.rootcause import Finding, RulesOutcome, find_root_cause, likeliest_unexplained
 from logdx.diagnose.rules import RuleSet
 from logdx.model import (
     Action,
@@ -26,6 +28,7 @@ from logdx.model import (
     Event,
     FailureContext,
     Label,
+    Recovered,
     Role,
     StageVote,
     TemplateStats,
@@ -70,6 +73,14 @@ class Diagnoser:
         t0 = time.perf_counter()
         outcome = find_root_cause(events, summary, templates, self.rules, exited_ok=exit_code == 0)
         stage_ms = {"rules": _ms_since(t0)}
+        diagnosis = self._diagnose(outcome, summary, templates, exit_code, stage_ms)
+        diagnosis.recovered = [_recovered(f) for f in outcome.recovered]
+        if diagnosis.status == "failed":
+            diagnosis.stopped_first = first_stopped(summary)
+        return diagnosis
+
+    def _diagnose(self, outcome: RulesOutcome, summary: CompressionSummary, templates: Sequence[TemplateStats],
+                  exit_code: int | None, stage_ms: dict[str, float]) -> Diagnosis:
         if not exit_code and not any(t.template.strip() for t in templates):
             return Diagnosis(status="empty", label=None, confidence=1.0, root=None,
                              explanation="No log lines: the input is empty or holds only blank lines.",
@@ -117,13 +128,26 @@ class Diagnoser:
         votes.append(vote)
 
 
+def _recovered(f: Finding) -> Recovered:
+    line = f.hit.line
+    return Recovered(line_no=line.line_no, text=line.raw, kind=f.event.kind, rank=line.rank, host=line.host,
+                     source=f"rule:{f.hit.rule_id}")
+
+
 def settle_action(diagnosis: Diagnosis) -> Diagnosis:
     """The last word on the action, whichever stage chose the label: a cordon only when the log
     blames exactly one machine (culprit.py), otherwise a restart, and the report says why."""
     label = diagnosis.label
     if label is None or label.action is not Action.CORDON_AND_RESTART:
         return diagnosis
-    ok, why = blames_one_node(diagnosis.attribution)
+    att = diagnosis.attribution
+    if label.failure_type in HANG_TYPES:
+        # A hang takes its silent rank's node out only when the log names it and a second signal agrees.
+        ok, why = (True, "") if len(att.hosts) == 1 and att.corroborated else (
+            False, "the hang's silent rank is not on one named, corroborated host")
+    else:
+        unnamed_ok = diagnosis.decided_by == "rules" and diagnosis.confidence >= UNNAMED_CORDON_MIN_CONFIDENCE
+        ok, why = blames_one_node(att, unnamed_ok=unnamed_ok)
     if not ok:
         diagnosis.label = Label(label.category, label.failure_type, Action.RESTART)
         diagnosis.notes.append(f"restart, not cordon: {why}")
@@ -180,6 +204,8 @@ def _merge(diagnosis: Diagnosis, result: FusionResult, votes: list[StageVote]) -
             diagnosis.attribution.hosts = []  # a node is only to blame for an infrastructure cause
     diagnosis.label = result.label
     diagnosis.confidence = result.confidence
+    if changed:
+        diagnosis.decided_by = result.decided_by or "fusion"
     known = {(e.source, e.line_no, e.text) for e in diagnosis.evidence}
     diagnosis.evidence.extend(e for e in result.evidence if (e.source, e.line_no, e.text) not in known)
     if result.explanation:

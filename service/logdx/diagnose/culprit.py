@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from logdx.diagnose.life import first_stopped
 from logdx.hosts import clean_hostname
 from logdx.model import Attribution, CompressionSummary, Event, Role
 from logdx.patterns import pci_key
@@ -26,7 +27,7 @@ from logdx.patterns import pci_key
 if TYPE_CHECKING:
     from logdx.diagnose.rootcause import Finding
 
-__all__ = ["attribute", "blames_one_node"]
+__all__ = ["HANG_BASES", "attribute", "blames_one_node"]
 
 # A job this small with no host name anywhere is one machine's log: the machine is blamed, unnamed.
 _SINGLE_NODE_MAX_RANKS = 8
@@ -216,6 +217,13 @@ def _why_no_host(winner: Finding, att: Attribution, summary: CompressionSummary)
 
 # -- only symptoms: a hang ----------------------------------------------------------------------------
 
+_MIN_WORLD_FOR_SILENT = 4
+_LAGGING = "the rank lagging in collective sequence numbers"
+_SILENT = "the rank that fell silent while the others timed out"
+# How a hang's culprit can be told (life.first_stopped says which of its own applied).
+HANG_BASES = frozenset({_LAGGING, _SILENT, "its training progress stopped before the other ranks'",
+                        "it fell silent while the other ranks went on"})
+
 
 def _silent_or_lagging(findings: Sequence[Finding], summary: CompressionSummary) -> Attribution:
     symptoms = [f for f in findings if f.hit.role == Role.SYMPTOM]
@@ -224,9 +232,11 @@ def _silent_or_lagging(findings: Sequence[Finding], summary: CompressionSummary)
     for f in symptoms:
         reporting |= f.ranks
         seq_by_rank.update(f.seq_by_rank)
-    ranks, basis = _lagging(seq_by_rank), "the rank lagging in collective sequence numbers"
+    ranks, basis = _lagging(seq_by_rank), _LAGGING
+    if not ranks and (stopped := first_stopped(summary)) is not None:
+        ranks, basis = stopped.ranks, stopped.basis
     if not ranks:
-        ranks, basis = _silent(reporting, summary), "the rank that fell silent while the others timed out"
+        ranks, basis = _silent(reporting, summary), _SILENT
     if not ranks:
         return Attribution(single_node=_one_unnamed_machine(summary),
                            notes=["only symptoms, and no silent or lagging rank to point at"])
@@ -236,8 +246,8 @@ def _silent_or_lagging(findings: Sequence[Finding], summary: CompressionSummary)
 
 def _silent(reporting: set[int], summary: CompressionSummary) -> list[int]:
     world = summary.world_size
-    if world <= 1 or not reporting:
-        return []
+    if world < _MIN_WORLD_FOR_SILENT or not reporting:
+        return []  # one of two ranks not reporting is as likely an excerpt cut short as a silent rank
     silent = sorted(set(range(world)) - reporting)
     # Only a few silent ranks point at a culprit; half the job silent says nothing.
     return silent if 0 < len(silent) <= max(1, world // 8) else []
@@ -253,16 +263,23 @@ def _lagging(seq_by_rank: dict[int, int]) -> list[int]:
     return sorted(r for r, s in seq_by_rank.items() if s == low)
 
 
-def blames_one_node(att: Attribution) -> tuple[bool, str]:
+# An unnamed machine (a one-machine log, a rank's own line) is recommended for a cordon only on a
+# precise rule's verdict this sure: the person who reads the report must find the machine by hand.
+UNNAMED_CORDON_MIN_CONFIDENCE = 0.8
+
+
+def blames_one_node(att: Attribution, *, unnamed_ok: bool = True) -> tuple[bool, str]:
     """Whether the log blames exactly one machine, and if not, why not. Only then may a report
-    recommend cordoning it (a single-node log or a rank's own line blame one machine, unnamed: the
-    report recommends the cordon, and no actuator can act on a name it does not have)."""
-    if len(att.hosts) == 1:
-        return True, ""
+    recommend cordoning it: one named host; or, when `unnamed_ok` (a precise rule decided, and is
+    sure), one machine the log shows without naming it (a one-machine log, a rank's own line). Whether
+    logdx may cordon it on its own also needs a name and a second signal: act/policy.py."""
     if len(att.hosts) > 1:
         return False, f"the failure shows on {len(att.hosts)} hosts ({', '.join(att.hosts[:4])}): no single node to cordon"
-    if att.single_node:
+    if len(att.hosts) == 1:
         return True, ""
-    if len(att.ranks) == 1 and att.basis == "the rank's own line":
+    unnamed = att.single_node or (len(att.ranks) == 1 and att.basis == "the rank's own line")
+    if unnamed and unnamed_ok:
         return True, ""
+    if unnamed:
+        return False, "the log names no node, and the verdict is not a precise rule's sure one: no node to cordon"
     return False, att.notes[-1] if att.notes else "no line names the node"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from logdx.model import Event, Label
 from logdx.patterns import TRACEBACK_START
-from logdx.taxonomy import category_of, default_action, module_of_path, owner_of, taxonomy
+from logdx.taxonomy import category_of, default_action, is_stdlib_path, module_of_path, owner_of, taxonomy
 
 if TYPE_CHECKING:
     from logdx.diagnose.rules.compiled import OriginConfig
@@ -50,12 +50,20 @@ def locate(event: Event, origin: OriginConfig) -> OriginInfo:
     traceback in its message: its frames are the ones that say where the error was raised."""
     frames = _original_frames(event) or [_FrameRef(f.path, f.function, f.line) for f in event.frames]
     etype = event.exception_type or ""
+    stdlib = None
     for fr in reversed(frames):  # printed outermost first: the innermost is last
         if origin.is_passthrough(fr.path, fr.function):
+            continue
+        if is_stdlib_path(fr.path):
+            # Python's own library raised it on behalf of its caller (enum refusing a value, queue, json):
+            # the caller is the origin; with no caller shown, the error came from library code.
+            stdlib = stdlib or fr
             continue
         if origin.is_library(fr.path):
             return OriginInfo("library", module_of_path(fr.path) or _module_of_type(etype), fr.path, fr.line, fr.function)
         return OriginInfo("user", None, fr.path, fr.line, fr.function)
+    if stdlib is not None:
+        return OriginInfo("library", None, stdlib.path, stdlib.line, stdlib.function)
     # No frame at all (a bare "KeyError: 'x'"): a qualified type names the module that raised it.
     if "." in etype and not etype.startswith("__main__."):
         return OriginInfo("library", _module_of_type(etype))

@@ -1,9 +1,12 @@
 """The rules stage of diagnosis: which event is the root cause, and who is the culprit.
 
-Symptoms never win over a root cause. Among root causes the earliest wins (by timestamp when
-both carry one, else by line order), unless the rank that raised it kept training afterwards
-(then it was not fatal). Generic fallbacks (an exception no precise rule knows) win only when no
-precise root cause exists. Who is to blame is decided in culprit.py.
+What the job went on after is not its cause: an event after which its rank (or, for a rank that
+prints no progress of its own, the whole job) kept advancing was survived (life.py). It is kept as a
+note (`recovered`) and never chosen. Among what is left, symptoms never win over a root cause; among
+root causes the earliest wins (by timestamp when both carry one, else by line order), and a warning
+the program printed and went past gives way to a graver event. Generic fallbacks (an exception no
+precise rule knows) win only when no precise root cause exists. Who is to blame is decided in
+culprit.py.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from logdx.diagnose.culprit import attribute
+from logdx.diagnose.culprit import HANG_BASES, attribute
+from logdx.diagnose.hangs import fr_hit, minority_hit, silent_rank_label, stack_minority
+from logdx.diagnose.life import MIN_ADVANCES, is_warning, went_on_after
 from logdx.diagnose.origin import locate
 from logdx.diagnose.rules import RuleHit, RuleSet, render_hint
 from logdx.model import (
@@ -32,9 +37,6 @@ from logdx.model import (
 from logdx.patterns import mask
 
 _SEQNUM = re.compile(r"SeqNum=(\d+)")
-# A rank that kept making progress this long after an error was not killed by it.
-_NON_FATAL_AFTER_S = 300.0
-_NON_FATAL_AFTER_LINES = 20_000
 # How close after a lesser fault a graver one must come to be taken as its cause.
 _EXPLAIN_WINDOW_S = 900.0
 _EXPLAIN_WINDOW_LINES = 5_000
@@ -54,6 +56,7 @@ class Finding:
     ranks: set[int] = field(default_factory=set)
     hosts: set[str] = field(default_factory=set)
     seq_by_rank: dict[int, int] = field(default_factory=dict)  # NCCL collective each rank reported
+    survived: bool = False  # the job (or its rank) went on making progress after it
 
 
 @dataclass(slots=True)
@@ -69,6 +72,7 @@ class RulesOutcome:
     explanation: str
     hint: str
     unexplained_events: list[Event] = field(default_factory=list)  # events no rule knew
+    recovered: list[Finding] = field(default_factory=list)  # what the job went on after (notes)
 
 
 def find_root_cause(
@@ -78,13 +82,25 @@ def find_root_cause(
     rules: RuleSet,
     exited_ok: bool = False,
 ) -> RulesOutcome:
-    """`exited_ok`: the job is known to have exited 0, so any error its process trained past
-    was survived."""
-    findings, unexplained = _match_all(events, rules)
-    if exited_ok:
-        findings = [f for f in findings if not _kept_training_after(f.event, summary, any_progress=True)]
+    """`exited_ok`: the job is known to have exited 0, so any error its process trained past at
+    all was survived."""
+    dumps = [e for e in events if e.kind in _READ_AS_A_WHOLE]
+    everything, unexplained = _match_all([e for e in events if e.kind not in _READ_AS_A_WHOLE], rules, summary,
+                                         1 if exited_ok else MIN_ADVANCES)
+    findings = [f for f in everything if not f.survived]
+    recovered = [f for f in everything if f.survived and f.hit.role is not Role.SYMPTOM]
     winner, role = _choose(findings, summary)
+    if role in (None, Role.SYMPTOM):
+        # Only symptoms (or nothing): the flight recorder, or the stacks, may show who the others wait for.
+        hang = _hang_from_dumps(dumps)
+        if hang is not None:
+            winner, role = hang, Role.ROOT_CAUSE
+            findings.append(winner)
     att = attribute(winner, role, findings, summary)
+    if role is Role.SYMPTOM and winner is not None and att.ranks and att.basis in HANG_BASES \
+            and winner.hit.label.failure_type in ("nccl_timeout", "hang"):
+        # The collective timed out waiting for a rank the log shows stopping: a hang, with its culprit.
+        winner = replace(winner, hit=replace(winner.hit, label=silent_rank_label()))
     vote = _vote(winner, findings)
     context = failure_context(winner.hit.line if winner else likeliest_unexplained(unexplained), winner, templates)
     explanation = _explain(winner, role, findings, att.hosts, att.ranks, att.gpus) + _raised_where(winner, rules)
@@ -99,19 +115,22 @@ def find_root_cause(
         explanation=explanation,
         hint=hint,
         unexplained_events=unexplained,
+        recovered=recovered,
     )
 
 
 # -- matching ----------------------------------------------------------------------------------------
 
 
-def _match_all(events: Sequence[Event], rules: RuleSet) -> tuple[list[Finding], list[Event]]:
-    """Best hit per event; events that repeat a (rule, template) already found are folded in.
-    An exception that only re-raises or follows another (a DataLoader's "Caught KeyError in worker
-    process 0", the second link of a chain) gives way to the one it wraps or follows: the innermost
-    failure is the cause."""
+def _match_all(events: Sequence[Event], rules: RuleSet, summary: CompressionSummary,
+               at_least: int) -> tuple[list[Finding], list[Event]]:
+    """Best hit per event; events that repeat a (rule, template) already found are folded in (those
+    the job went on after apart from those it did not: a start-up retry and the same line at the end
+    are two findings). An exception that only re-raises or follows another (a DataLoader's "Caught
+    KeyError in worker process 0", the second link of a chain) gives way to the one it wraps or
+    follows: the innermost failure is the cause."""
     best = {id(e): hits[0] for e in events if (hits := rules.match(e))}
-    by_key: dict[tuple[str, str], Finding] = {}
+    by_key: dict[tuple[str, str, bool], Finding] = {}
     unexplained: list[Event] = []
     for event in events:
         hit = best.get(id(event))
@@ -120,15 +139,43 @@ def _match_all(events: Sequence[Event], rules: RuleSet) -> tuple[list[Finding], 
             continue
         if _superseded(event, best):
             continue
-        key = (hit.rule_id, mask(hit.line.text))
+        survived = _survived(event, summary, at_least)
+        key = (hit.rule_id, mask(hit.line.text), survived)
         found = by_key.get(key)
         if found is None:
-            found = by_key[key] = Finding(event=event, hit=hit, similar=0)
+            found = by_key[key] = Finding(event=event, hit=hit, similar=0, survived=survived)
         elif _earlier(event, found.event):
             found.event, found.hit = event, hit
         found.similar += 1
         _note_where(found, hit)
     return list(by_key.values()), unexplained
+
+
+# Events the diagnosis reads as a whole, not line by line: stack dumps, flight-recorder reports.
+_READ_AS_A_WHOLE = frozenset({"stack_dump", "fr_report"})
+
+
+def _hang_from_dumps(dumps: list[Event]) -> Finding | None:
+    for ev in dumps:
+        if ev.kind == "fr_report" and (found := fr_hit(ev)) is not None:
+            hit, ranks = found
+            return Finding(event=ev, hit=hit, ranks=ranks)
+    minority = stack_minority(dumps)
+    if minority is None:
+        return None
+    return Finding(event=minority.events[0], hit=minority_hit(minority))
+
+
+def _survived(event: Event, summary: CompressionSummary, at_least: int) -> bool:
+    """The job went on after it. A loss gone NaN is survived only when the same process logs a finite
+    loss again; a divergence the timeline confirmed, a stall, never (training goes on, ruined)."""
+    if event.kind == "loss_nan":
+        return summary.last_finite_loss_line.get(event.anchor.source_key, 0) > event.line_no
+    if event.kind == "loss_spike":  # unless the loss came back after all, later than the watch waited
+        return summary.progress.divergence is None or summary.progress.divergence.line_no != event.line_no
+    if event.kind == "stall":
+        return False
+    return went_on_after(event, summary, at_least=at_least)
 
 
 def _superseded(event: Event, best: dict[int, RuleHit]) -> bool:
@@ -168,14 +215,14 @@ def _earliest(findings: list[Finding]) -> Finding:
 
 
 def _choose(findings: list[Finding], summary: CompressionSummary) -> tuple[Finding | None, Role | None]:
-    roots = [f for f in findings if f.hit.role == Role.ROOT_CAUSE]
+    roots = _graver_than_warnings([f for f in findings if f.hit.role == Role.ROOT_CAUSE])
     if roots:
-        fatal = [f for f in roots if not _kept_training_after(f.event, summary)] or roots
-        winner = _graver_explanation(_earliest(fatal), fatal, summary)
-        return _application_fault(_named_report(winner, fatal), fatal, summary), Role.ROOT_CAUSE
-    # Generic evidence (an error no precise rule names) that its own process trained past was
+        winner = _graver_explanation(_earliest(roots), roots, summary)
+        return _application_fault(_named_report(winner, roots), roots, summary), Role.ROOT_CAUSE
+    # Generic evidence (an error no precise rule names) that its own process trained past at all was
     # survived: a caught exception, a warning-level "error:". Only what training did not outlive counts.
-    fallbacks = [f for f in findings if f.hit.role == Role.FALLBACK and not _trained_past(f.event, summary)]
+    fallbacks = _graver_than_warnings(
+        [f for f in findings if f.hit.role == Role.FALLBACK and not _trained_past(f.event, summary)])
     if fallbacks:
         return _earliest(fallbacks), Role.FALLBACK
     symptoms = [f for f in findings if f.hit.role == Role.SYMPTOM]
@@ -189,6 +236,18 @@ def _choose(findings: list[Finding], summary: CompressionSummary) -> tuple[Findi
         ends = [f for f in symptoms if f.hit.label.failure_type in _ENDS_BEFORE_ECHOES and _earlier(f.event, first.event)]
         return (_earliest(ends) if ends else first), Role.SYMPTOM
     return None, None
+
+
+def _graver_than_warnings(findings: list[Finding]) -> list[Finding]:
+    """A warning (the program's own level: it printed it and went on) gives way to an error that says
+    something else: a retried connection before the traceback that ended the job. A warning that says
+    what a later error says is its first, often more precise, statement ("failed to bind to :29500
+    (Address already in use)", then "failed to listen on any local network address")."""
+    graver = [f for f in findings if not is_warning(f.event)]
+    if not graver:
+        return findings
+    said = {f.hit.label.failure_type for f in graver}
+    return [f for f in findings if f in graver or f.hit.label.failure_type in said]
 
 
 def _graver_explanation(winner: Finding, roots: list[Finding], summary: CompressionSummary) -> Finding:
@@ -239,9 +298,10 @@ def _application_fault(winner: Finding, roots: list[Finding], summary: Compressi
 
 
 def _named_report(winner: Finding, roots: list[Finding]) -> Finding:
-    """The same fault is often printed twice: an anonymous exception line, and the NCCL watchdog
-    of the rank it happened on ("[Rank 1] ... watchdog thread terminated with exception: CUDA error:
-    uncorrectable ECC error"). The report that names its rank or host is the more telling root line."""
+    """The same fault is often printed twice: the exception line, and the NCCL watchdog of the rank it
+    happened on ("[Rank 1] ... watchdog thread terminated with exception: CUDA error: uncorrectable ECC
+    error"). The exception line stays the root (the first, most specific statement); when it names no
+    rank or host, the echo that does tells whose it was."""
     if winner.hit.rank is not None or winner.hit.host:
         return winner
     twins = [
@@ -249,7 +309,17 @@ def _named_report(winner: Finding, roots: list[Finding]) -> Finding:
         if f is not winner and f.hit.label.failure_type == winner.hit.label.failure_type
         and (f.hit.rank is not None or f.hit.host) and _near(winner.event, f.event)
     ]
-    return _earliest(twins) if twins else winner
+    if not twins:
+        return winner
+    twin = _earliest(twins)
+    if _earlier(twin.event, winner.event):
+        return twin  # the named report came first: it is the first statement
+    named = replace(winner, ranks=set(winner.ranks), hosts=set(winner.hosts))
+    if twin.hit.rank is not None:
+        named.ranks.add(twin.hit.rank)
+    if twin.hit.host:
+        named.hosts.add(twin.hit.host)
+    return named
 
 
 def _near(a: Event, b: Event) -> bool:
@@ -274,32 +344,11 @@ def _soon_after(first: Event, later: Event) -> bool:
     return 0 < later.line_no - first.line_no <= _EXPLAIN_WINDOW_LINES
 
 
-def _kept_training_after(event: Event, summary: CompressionSummary, any_progress: bool = False) -> bool:
-    """The process that raised this went on training for long afterwards: it was not fatal."""
-    if event.kind in ("loss_nan", "loss_spike"):
-        # A diverged run goes on printing (NaN) progress lines until it is stopped; it recovered
-        # only if the same process logged a finite loss again.
-        return summary.last_finite_loss_line.get(event.anchor.source_key, 0) > event.line_no
-    anchor = event.anchor
-    key = anchor.source_key
-    last = summary.last_progress_line.get(key)
-    if last is None or last <= event.line_no:
-        return False
-    if any_progress:
-        return True
-    if anchor.ts is not None and summary.last_progress_ts is not None:
-        return summary.last_progress_ts - anchor.ts > _NON_FATAL_AFTER_S
-    # Without timestamps only a long run of progress from the same process counts.
-    return key != "-" and last - event.line_no > _NON_FATAL_AFTER_LINES
-
-
 def _trained_past(event: Event, summary: CompressionSummary) -> bool:
-    """The process that printed this made progress afterwards. Only a process the log tells apart
-    (by rank or host) counts at once: in an unprefixed log every process shares one stream, and one
-    rank's crash is followed by the others' last steps."""
-    if event.anchor.source_key == "-":
-        return _kept_training_after(event, summary)
-    return _kept_training_after(event, summary, any_progress=True)
+    """The process that printed this made progress afterwards at all. Only a process the log tells
+    apart (by rank or host) counts at once: in an unprefixed log every process shares one stream, and
+    one rank's crash is followed by the others' last steps."""
+    return event.anchor.source_key != "-" and went_on_after(event, summary, at_least=1)
 
 
 def _hint(winner: Finding | None, rules: RuleSet, hosts: list[str], ranks: list[int], gpus: list[str]) -> str:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from logdx.flightrec.analyse import culprits_of
 from logdx.flightrec.model import Frame, FrFindings, PgFindings, rank_ranges
 
-__all__ = ["parse_fr_trace_text"]
+__all__ = ["is_report_line", "is_report_start", "parse_fr_trace_text"]
 
 _MAX_LINES = 2_000_000
 _MAX_BLOCK_LINES = 400   # a report is a dozen lines plus its stack
@@ -101,6 +101,17 @@ def _sizes(text: str) -> tuple[tuple[int, ...], ...] | None:
     if not isinstance(value, list) or not all(isinstance(s, list) and all(isinstance(d, int) for d in s) for s in value):
         return None
     return tuple(tuple(s) for s in value)
+
+
+def is_report_start(line: str) -> bool:
+    """A line that starts one of fr_trace's reports (the compressor keeps the report whole)."""
+    return ("ranks joining" in line or "errors" in line or "mismatch" in line) and _start(line) is not None
+
+
+def is_report_line(line: str) -> bool:
+    """A line that can be part of a report: a field, a frame of its stack, sizes, a blank line."""
+    s = line.strip()
+    return not s or _KEY.search(line) is not None or _FRAME.search(line) is not None or _SIZES.match(s) is not None
 
 
 def parse_fr_trace_text(text: str | Iterable[str]) -> FrFindings:

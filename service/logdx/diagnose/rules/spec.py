@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # Event kinds the detect stage produces (see logdx.model.Event); a rule naming another kind is a typo.
 KNOWN_KINDS: frozenset[str] = frozenset(
-    {"traceback", "line", "nccl", "xid", "signal_exit", "child_failed", "loss_nan", "loss_spike", "stall"}
+    {"traceback", "line", "nccl", "xid", "signal_exit", "child_failed", "loss_nan", "loss_spike", "stall",
+     "stack_dump", "fr_report"}
 )
 
 _Strict = ConfigDict(extra="forbid", strict=True)

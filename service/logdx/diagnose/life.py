@@ -1,0 +1,199 @@
+"""Reading the life of a job, as an on-call engineer does, from its timeline (logdx/timeline.py).
+
+- Did the job (or the rank that printed an event) go on making progress after the event? Then the
+  event was survived: a note, never the root cause and never a reason to act. Start-up connection
+  retries, NIC async events, retried uploads, skipped fp16 steps, one-off warnings: one mechanism
+  for all of them, not a list of harmless messages.
+- Where did the job stop advancing, and which rank stopped first (the silent rank of a hang)?
+- Did its progress run to the end it announced?
+
+In a job that never made progress (it died while starting), what a line says of itself decides
+instead: a warning the program printed and went past is not the failure while a graver event
+follows it (see `is_warning`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from logdx.model import CompressionSummary, Event, ProgressMark, ProgressSummary, SourceProgress, StoppedFirst
+
+__all__ = ["Stop", "first_stopped", "is_warning", "ran_to_completion", "stop_of", "went_on_after"]
+
+# The job, or the rank, advanced this many times after an event: it went on. One is not enough: a step
+# already in flight when a rank died can still be printed by the others (a collective needs everyone
+# for the next one).
+MIN_ADVANCES = 2
+# A warning as the program itself prints it: glog/c10d "[W1113 ..." / "W1113 ...", Python logging's
+# WARNING, warnings.warn "...: UserWarning: ...", "Warning:". NCCL prints its errors as "NCCL WARN": not a
+# warning level.
+_WARNING_LEVEL = re.compile(
+    r"^\s*(?:\[W\s?\d{3,4}\b|\[W [\w.]+:\d+\]|W\d{3,4} \d|\[?WARN(?:ING)?\]?[\s:\]]|[\w.]*Warning: |Warning: )"
+    r"|^\S*\s*-\s*WARNING\s*-|\|\s*WARNING\s*\||\[WARNING\]|:\d+: \w*Warning: ")
+
+
+def is_warning(event: Event) -> bool:
+    """The program says it goes on after this: the line is printed at warning level, or the program
+    announced right after it that it tries again ("Retrying in 1s [Retry 1/5]")."""
+    if event.attrs.get("retried"):
+        return True
+    text = event.anchor.text
+    return "NCCL WARN" not in text and _WARNING_LEVEL.search(text) is not None
+
+
+def _source(progress: ProgressSummary, key: str) -> SourceProgress | None:
+    for s in progress.sources:
+        if s.key == key:
+            return s
+    return None
+
+
+# Events that end what printed them, by their nature: an exception that reached the top, a process
+# killed, a launcher's report of it, a GPU the kernel gave up on. The others (a line that says
+# something went wrong: a retry, an async event, a logged error) may be what the process went on after.
+_TERMINAL_KINDS = frozenset({"traceback", "signal_exit", "child_failed", "xid", "loss_nan", "loss_spike", "stall",
+                             "stack_dump", "fr_report"})
+# How much a process must go on printing (lines without an error word) after such a line, in a job that
+# makes no progress to judge by, for the line to be one it went on after: its own lines when the log
+# tells the processes apart, the job's when it does not (every process shares one stream).
+_OWN_LINES_AFTER = 20
+_JOB_LINES_AFTER = 100
+
+
+def went_on_after(event: Event, summary: CompressionSummary, *, at_least: int = MIN_ADVANCES) -> bool:
+    """The rank that printed the event (when it prints progress of its own), else the whole job,
+    advanced `at_least` times after it; or, for an event that does not end its process by nature, the
+    process went on doing its work (printing) long after it."""
+    mark = event.attrs.get("progress_at")
+    if not isinstance(mark, ProgressMark):
+        return False
+    if _advanced_after(event, summary, mark, at_least):
+        return True
+    if event.kind in _TERMINAL_KINDS or event.exception_type:
+        return False
+    # Only where training says nothing: once the job makes progress after an event, its progress
+    # decides (the steps in flight when a rank died are printed by the others).
+    return summary.progress.lines == mark.job_lines and _printed_on_after(event, summary, mark)
+
+
+def _printed_on_after(event: Event, summary: CompressionSummary, mark: ProgressMark) -> bool:
+    progress = summary.progress
+    key = event.anchor.source_key
+    if key != "-" and key in progress.quiet:
+        return progress.quiet[key] - mark.source_quiet >= _OWN_LINES_AFTER
+    return progress.job_quiet - mark.job_quiet >= _JOB_LINES_AFTER
+
+
+def _advanced_after(event: Event, summary: CompressionSummary, mark: ProgressMark, at_least: int) -> bool:
+    """Steps, where the log numbers them: the source's (its own progress), else the job's highest, went
+    `at_least` of its logging intervals (the smallest step between two progress lines) past where they
+    were. Where it does not, progress lines counted instead."""
+    progress = summary.progress
+    own = _source(progress, event.anchor.source_key) if event.anchor.source_key != "-" else None
+    if own is not None and (own.advances > 0 or own.last_step is not None):
+        if own.last_step is not None and own.step_delta:
+            before = mark.source_step if mark.source_step is not None else own.first_step
+            return before is not None and own.last_step - before >= at_least * own.step_delta * 0.999
+        return own.advances - mark.source_advances >= at_least
+    if progress.last_step is not None:
+        # Many ranks print the same step: the job's highest step must have moved on, not more ranks
+        # printed it.
+        if mark.job_step is None:
+            return True  # training started after it
+        delta = min((s.step_delta for s in progress.sources if s.step_delta), default=None)
+        if delta:
+            return progress.last_step - mark.job_step >= at_least * delta * 0.999
+        return progress.job_rises - mark.job_rises >= at_least
+    return progress.job_advances - mark.job_advances >= at_least
+
+
+@dataclass(slots=True)
+class Stop:
+    """Where the job stopped advancing: its last progress."""
+
+    step: float | None
+    line_no: int
+    ts: float | None
+
+
+def stop_of(progress: ProgressSummary) -> Stop | None:
+    if progress.lines == 0:
+        return None
+    return Stop(step=progress.last_step, line_no=progress.last_line, ts=progress.last_ts)
+
+
+def ran_to_completion(progress: ProgressSummary, totals: dict[str, float] | None = None) -> bool:
+    """Progress reached the total it announced ("iteration 100000/100000", a bar at 1000/1000)."""
+    if not totals or progress.last_step is None:
+        return False
+    return any(progress.last_step >= t > 0 for t in totals.values())
+
+
+def first_stopped(summary: CompressionSummary) -> StoppedFirst | None:
+    """By progress when several ranks print it (the laggards), else by output (ranks that printed
+    during training and fell silent while the job went on, or while the others reported the cascade)."""
+    return _by_progress(summary) or _by_output(summary)
+
+
+def _minority(n: int, of: int) -> bool:
+    return 0 < n <= max(1, of // 8)
+
+
+def _by_progress(summary: CompressionSummary) -> StoppedFirst | None:
+    ranked = [s for s in summary.progress.sources if s.rank is not None and s.advances >= MIN_ADVANCES]
+    if len(ranked) < 2:
+        return None
+    steps = [s.last_step for s in ranked if s.last_step is not None]
+    if len(steps) == len(ranked) and len(set(steps)) > 1:
+        top = max(steps)
+        behind = [s for s in ranked if s.last_step is not None and s.last_step < top]
+        # One step behind is only the order in which ranks print the same step.
+        per = _step_per_advance(ranked)
+        behind = [s for s in behind if s.last_step is not None and top - s.last_step > 1.5 * per]
+    else:
+        behind = _behind_in_time(ranked, summary)
+    if not _minority(len(behind), len(ranked)):
+        return None
+    return _stopped(behind, summary, "its training progress stopped before the other ranks'")
+
+
+def _step_per_advance(sources: list[SourceProgress]) -> float:
+    deltas = [(s.last_step - s.first_step) / s.advances for s in sources
+              if s.last_step is not None and s.first_step is not None and s.advances]
+    return sorted(deltas)[len(deltas) // 2] if deltas else 1.0
+
+
+def _behind_in_time(ranked: list[SourceProgress], summary: CompressionSummary) -> list[SourceProgress]:
+    interval = summary.step_interval_s
+    if interval is None or any(s.last_ts is None for s in ranked):
+        return []
+    top = max(s.last_ts for s in ranked if s.last_ts is not None)
+    return [s for s in ranked if s.last_ts is not None and top - s.last_ts > 3 * interval]
+
+
+def _by_output(summary: CompressionSummary) -> StoppedFirst | None:
+    progress = summary.progress
+    if progress.lines == 0:
+        return None
+    started = min((s.first_line for s in progress.sources), default=0)
+    # Ranks that printed something once training was under way: the ones whose output can stop.
+    active = {k: v for k, v in progress.last_output.items() if k[:1] == "r" and k[1:].isdigit() and v[0] > started}
+    if len(active) < 4:
+        return None
+    stop_line = progress.last_line
+    quiet = [k for k, (line, _) in active.items() if line < stop_line]
+    if not _minority(len(quiet), len(active)):
+        return None
+    sources = [SourceProgress(key=k, rank=int(k[1:]), host=None, first_line=0, last_line=active[k][0],
+                              first_step=None, last_step=None, first_ts=None, last_ts=active[k][1],
+                              lines=0, advances=0, steps_per_s=None) for k in quiet]
+    return _stopped(sources, summary, "it fell silent while the other ranks went on")
+
+
+def _stopped(sources: list[SourceProgress], summary: CompressionSummary, basis: str) -> StoppedFirst:
+    ranks = sorted(s.rank for s in sources if s.rank is not None)
+    hosts = sorted({h for s in sources if (h := s.host or summary.rank_hosts.get(s.rank if s.rank is not None else -1))})
+    steps = [s.last_step for s in sources if s.last_step is not None]
+    return StoppedFirst(ranks=ranks, hosts=hosts, step=min(steps) if steps else None,
+                        line_no=min(s.last_line for s in sources), basis=basis)
