@@ -63,7 +63,7 @@ class Receiver:
         with self.lock:
             return [r for r in self.items if r.path == path]
 
-    def wait_for(self, path: str, n: int = 1, timeout: float = 15.0) -> list[Received]:
+    def wait_for(self, path: str, n: int = 1, timeout: float = 120.0) -> list[Received]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             got = self.of(path)
@@ -143,13 +143,14 @@ class Server:
         come from any web page, and is refused)."""
         return {"authorization": f"Bearer {self.token}"} if self.token else {"x-requested-with": "logdx-tests"}
 
-    def start(self, timeout: float = 60.0) -> Server:
+    def start(self, timeout: float = 180.0, *, ready: bool = True, log_level: str = "warning") -> Server:
+        """Start the server and wait until /readyz says ready (`ready=False`: until it answers at all)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOGDX_")}
         env.update({"LOGDX_CONFIG": str(self.config_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                     "PYTHONUNBUFFERED": "1"})
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the subprocess
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "logdx.api", "--port", str(self.port), "--log-level", "warning"],
+            [sys.executable, "-m", "logdx.api", "--port", str(self.port), "--log-level", log_level],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO),
         )
         deadline = time.monotonic() + timeout
@@ -157,8 +158,8 @@ class Server:
             if self.proc.poll() is not None:
                 raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                r = httpx.get(self.url + "/readyz", timeout=1.0)
-                if r.status_code == 200:
+                r = httpx.get(self.url + "/readyz", timeout=5.0)
+                if r.status_code == 200 or not ready:
                     return self
             except httpx.HTTPError:
                 pass

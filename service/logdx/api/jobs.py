@@ -191,13 +191,14 @@ class IngestRequest:
     cut: str | None = None  # why fewer lines than spooled were applied (a bound was reached)
     pieces: int = 0  # records published (with the line bus)
 
-    def result(self, job_lines: int) -> dict[str, Any]:
+    def result(self, job_lines: int, queued: int = 0) -> dict[str, Any]:
         return {
             "accepted_lines": self.applied,
             "accepted_bytes": self.raw_bytes,
             "skipped_records": self.refused,
             "truncated_lines": self.truncated,
             "job_lines": job_lines,
+            "queued_lines": queued,
         }
 
 
@@ -210,7 +211,8 @@ class Job:
         self.spool: Spool | None = None
         self.state: str = row["state"]
         self.bucket = bucket
-        self.lines: int = row["lines"]
+        self.lines: int = row["lines"]  # received: applied to the session, plus `queued`
+        self.queued = 0  # lines committed while the engine was loading: applied when it is ready
         self.bytes: int = row["bytes"]
         self.diagnosis_key: str | None = row["diagnosis_key"]
         self.acted_key: str | None = row["acted_key"]
@@ -343,6 +345,7 @@ class JobManager:
                 replayed += self._apply_commit(job, session, spool, commit)
         job.session, job.spool = session, spool
         job.lines = session.lines
+        job.queued = 0  # the replay applied them
         job.last_line_at = time.monotonic()  # silence is counted from when this process has the job
         job.templates_count = len(session.templates())
         if replayed:
@@ -493,9 +496,11 @@ class JobManager:
                         ok, req.duplicate = False, True  # a retry whose first try committed meanwhile
                     if ok and session is not None:
                         self._apply_own(job, session, spool, req, mine, budget)
-                    elif ok:
+                    elif ok:  # the engine is loading: committed now, applied when it is ready
                         req.applied = req.lines
-                    result = req.result(job.lines + (req.applied if session is None else 0))
+                        job.lines += req.applied
+                        job.queued += req.applied
+                    result = req.result(job.lines, job.queued)
                     meta: dict[str, Any] = {"r": req.id, "st": "ok" if ok else "aborted", "n": req.applied}
                     if ok and req.key:
                         meta["k"], meta["res"] = req.key, result
@@ -506,7 +511,7 @@ class JobManager:
                     self._after_feed(job)
                 sync_fd = os.dup(spool.fd)  # fsync outside the lock; survives a concurrent close
             job.bytes += req.raw_bytes
-            result = req.result(job.lines)
+            result = req.result(job.lines, job.queued)
         if req.duplicate and req.key is not None:
             result = {**job.committed.get(req.key, result), "duplicate": True}
         if sync_fd is not None:
@@ -758,10 +763,13 @@ class JobManager:
 
     def _view(self, job: Job) -> tuple[dict[str, Any], dict[str, Any] | None, bool | None, int]:
         """The job's row, compression figures, whether a root cause was seen, and its lines: from
-        the session when the job is open (loading it), else as stored."""
+        the session when the job is open (loading it), else as stored (an ended job, or while the
+        engine loads: figures come once the lines are applied)."""
         with job.tlock:
             row = self._row(job.id) or {}
             if job.state == "open" and row.get("state") != "ended":
+                if self.engine is None:
+                    return row, None, None, max(job.lines, row.get("lines", 0))
                 session = self._loaded_and_current(job)
                 return row, summary_dict(session), session.root_cause_seen, job.lines
         compression = json.loads(row["summary"]) if row.get("summary") else None
@@ -782,6 +790,7 @@ class JobManager:
             "ended_at": row.get("ended_at"),
             "exit_code": row.get("exit_code"),
             "lines": lines,
+            "queued_lines": job.queued if self.engine is None else 0,
             "bytes": row.get("bytes", 0),
             "requests": row.get("requests", 0),
             "compression": compression,
@@ -794,6 +803,9 @@ class JobManager:
         with job.tlock:
             row = self._row(job.id) or {}
             if job.state == "open" and row.get("state") != "ended":
+                if self.engine is None:  # nothing applied yet: the lines wait for the engine
+                    return {"job_id": job.id, "state": "open", "total": 0, "templates": [],
+                            "queued_lines": job.queued}
                 session = self._loaded_and_current(job)
                 all_t = session.templates()
                 total = len(all_t)

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Body, Depends, Query, Response
 
 from logdx.act.report import Report
 from logdx.api import schemas
-from logdx.api.deps import EngineDep, JobId, ServicesDep, get_engine, require_token
+from logdx.api.deps import EngineDep, JobId, ServicesDep, ready_engine, require_token
 from logdx.api.errors import ApiError, ErrorBody
 from logdx.api.jobs import Job
 from logdx.api.metrics import CONTENT_TYPE
@@ -36,10 +36,15 @@ async def healthz() -> dict[str, str]:
 
 
 @health.get("/readyz", response_model=schemas.Ready, responses={503: {"model": ErrorBody}},
-            summary="Readiness: rules (and models) loaded, database open")
+            summary="Readiness: rules (and models) loaded, database open; else what it waits for",
+            description="503 `not_ready` names each part not ready yet and why (`error.waiting_for`: "
+                        "`{\"llm\": \"converting the packaged LLM once (later runs reuse it)\"}`), with "
+                        "every check's state (`error.checks`, as `checks` in the 200).")
 async def readyz(services: ServicesDep) -> dict[str, Any]:
-    engine = get_engine(services)
-    return {"status": "ready", "rules": len(engine.rules.rules), "recovering_jobs": services.recovering}
+    checks = await services.run(services.readiness.checks)
+    engine = ready_engine(services, checks)
+    return {"status": "ready", "rules": len(engine.rules.rules), "recovering_jobs": services.recovering,
+            "checks": {name: c.to_json() for name, c in checks.items()}}
 
 
 @metrics_router.get("/metrics", summary="Prometheus metrics", response_class=Response)
@@ -88,7 +93,7 @@ def _job_or_404(services: Services, job_id: str) -> Job:
 
 @api.get("/jobs/{job_id}", response_model=schemas.JobDetail, tags=["jobs"],
          summary="A job: state, compression figures, last diagnosis, alerts and actions")
-def get_job(job_id: JobId, services: ServicesDep, _engine: EngineDep) -> dict[str, Any]:
+def get_job(job_id: JobId, services: ServicesDep) -> dict[str, Any]:
     job = _job_or_404(services, job_id)
     detail = services.jobs.describe(job)
     detail["alerts"] = [
@@ -105,7 +110,6 @@ def get_job(job_id: JobId, services: ServicesDep, _engine: EngineDep) -> dict[st
 def get_templates(
     job_id: JobId,
     services: ServicesDep,
-    _engine: EngineDep,
     limit: Annotated[int, Query(ge=1, le=5000)] = 200,
     errors_only: Annotated[bool, Query(description="only error-bearing templates")] = False,
 ) -> dict[str, Any]:
