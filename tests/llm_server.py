@@ -56,7 +56,7 @@ class ChatServer:
 
     def __enter__(self) -> ChatServer:
         self.thread.start()
-        deadline = time.time() + 10
+        deadline = time.time() + 120
         while not self.server.started:
             if time.time() > deadline:
                 raise RuntimeError("test server did not start")
