@@ -403,7 +403,7 @@ class JobManager:
             self._catch_up(job)
         return session
 
-    def _evict_if_needed(self, keep: Job) -> None:
+    def _evict_if_needed(self, keep: Job | None) -> None:
         limit = self.settings.server.max_sessions
         loaded = self.loaded_jobs()
         if len(loaded) <= limit:
@@ -586,6 +586,8 @@ class JobManager:
                 self.metrics.root_to_report.observe(max(0.0, time.time() - job.root_cause_at))
             job.first_report_done = True
             self._record_report(job, report, "early")
+        # A job waiting for its diagnosis is never evicted: past server.max_sessions, make room now.
+        self._evict_if_needed(keep=None)
 
     # -- hangs ---------------------------------------------------------------------------------------
 

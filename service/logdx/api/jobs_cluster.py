@@ -300,7 +300,7 @@ class ClusterJobManager(JobManager):
             return  # not ours (any more): its owner diagnoses it
         super()._scheduled_diagnosis(job_id)
 
-    def _evict_if_needed(self, keep: Job) -> None:
+    def _evict_if_needed(self, keep: Job | None) -> None:
         """Over `server.max_sessions`: save the least recently used sessions, then drop them."""
         limit = self.settings.server.max_sessions
         loaded = self.loaded_jobs()
