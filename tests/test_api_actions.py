@@ -88,7 +88,7 @@ def _audit(c: httpx.Client) -> list[dict[str, Any]]:
     return _wait(settled)[0]
 
 
-def _wait(what: Callable[[], Any], timeout: float = 15.0, every: float = 0.05) -> Any:
+def _wait(what: Callable[[], Any], timeout: float = 120.0, every: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = what()
@@ -348,7 +348,7 @@ def test_a_silent_hang_is_diagnosed_without_waiting_for_end(tmp_path, rx):
             # Every stream silent (no error at all): a stall, diagnosed after hangs.silence_s.
             _post(c, "quiet-1", progress)
             got = _wait(lambda: (c.get("/v1/jobs/quiet-1").json().get("report") or {}).get("status") == "failed"
-                        and c.get("/v1/jobs/quiet-1").json(), timeout=20)
+                        and c.get("/v1/jobs/quiet-1").json())
             assert got["state"] == "open" and "stalled" in got["report"]["root_cause"]["text"]
             assert [r["kind"] for r in got["reports"]] == ["early"]
     finally:
@@ -442,7 +442,7 @@ def test_sigkill_during_long_uploads_yields_one_alert_and_one_action_per_diagnos
     try:
         for t in threads:
             t.start()
-        _wait(lambda: rx.of("/hook") and calls() and restarts.exists(), timeout=30)
+        _wait(lambda: rx.of("/hook") and calls() and restarts.exists())
         assert not all(not t.is_alive() for t in threads), "uploads finished before the kill: make them longer"
         up.clear()
         srv.kill()

@@ -31,9 +31,7 @@ def _log(host: str, rank: int, port: int, step: int) -> str:
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    cache = os.environ.get("LOGDX_LLM__CACHE_DIR") or str(Path(__file__).resolve().parents[1] / ".cache" / "logdx")
-    return {**os.environ, "LOGDX_STORE__PATH": str(tmp_path / "logdx.db"), "LOGDX_LLM__CACHE_DIR": cache,
-            "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+    return {**os.environ, "LOGDX_STORE__PATH": str(tmp_path / "logdx.db"), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
 
 
 def diagnose(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:

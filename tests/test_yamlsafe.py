@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from logdx import yamlsafe
 from logdx.config import ConfigError, load_settings
 from logdx.diagnose.rules import RuleError, load_rules
 from logdx.taxonomy import TaxonomyError, load_taxonomy
+from logdx.testing import cpu_seconds
 from logdx.yamlsafe import YamlError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,10 +35,10 @@ def test_shipped_files_load_as_before() -> None:
 
 
 def test_alias_bomb_is_refused_fast_with_its_line() -> None:
-    t0 = time.perf_counter()
-    with pytest.raises(YamlError) as exc:
+    with cpu_seconds() as cpu, pytest.raises(YamlError) as exc:
         yamlsafe.load(alias_bomb(), "pack.yaml")
-    assert time.perf_counter() - t0 < 0.5
+    assert cpu.seconds < 0.5  # ~10 ms: refused on the event stream; expanding it would take minutes
+    assert exc.value.kind == "nodes"
     # levels 0..6 expand to 9**7 ≈ 4.8M nodes: the 7th level's line is where it stops
     assert str(exc.value) == "pack.yaml:7: more than 1,000,000 nodes once aliases are expanded (an alias bomb?)"
 
@@ -51,30 +51,31 @@ def test_moderate_use_of_anchors_still_works() -> None:
                                                             "id": "r7"}
 
 
-@pytest.mark.parametrize(("text", "line", "problem"), [
-    ("x:\n  y: " + "[" * 100_000 + "]" * 100_000, 2, f"nested more than {yamlsafe.MAX_DEPTH} levels deep"),
-    ("a: &a [1, *a]\n", 1, "alias *a refers to a node that contains it"),
-    ("a: 1\nb: " + ", ".join(["*x"] * 5) + "\n", 2, "invalid YAML"),
-    ("x: &x 1\ny: [" + ", ".join(["*x"] * (yamlsafe.MAX_ALIASES + 1)) + "]\n", 2,
+@pytest.mark.parametrize(("text", "line", "kind", "problem"), [
+    # deeper than PyYAML's own limit too (libyaml's scanner stops at 1,000 levels): ours speaks first
+    ("x:\n  y: " + "[" * 100_000 + "]" * 100_000, 2, "depth", f"nested more than {yamlsafe.MAX_DEPTH} levels deep"),
+    ("x: " + "{a: " * 200 + "1" + "}" * 200 + "\n", 1, "depth", f"nested more than {yamlsafe.MAX_DEPTH} levels deep"),
+    ("a: &a [1, *a]\n", 1, "recursive_alias", "alias *a refers to a node that contains it"),
+    ("a: 1\nb: " + ", ".join(["*x"] * 5) + "\n", 2, "syntax", "invalid YAML"),
+    ("x: &x 1\ny: [" + ", ".join(["*x"] * (yamlsafe.MAX_ALIASES + 1)) + "]\n", 2, "aliases",
      f"more than {yamlsafe.MAX_ALIASES} aliases"),
-    ("a: [1, 2\nb: 3\n", 2, "invalid YAML"),
-    ("- a\n---\n- b\n", 2, "expected a single document"),
+    ("a: [1, 2\nb: 3\n", 2, "syntax", "invalid YAML"),
+    ("- a\n---\n- b\n", 2, "documents", "more than one YAML document"),
 ])
-def test_refusals_name_file_and_line(text: str, line: int, problem: str) -> None:
-    t0 = time.perf_counter()
-    with pytest.raises(YamlError) as exc:
+def test_refusals_name_file_and_line(text: str, line: int, kind: str, problem: str) -> None:
+    with cpu_seconds() as cpu, pytest.raises(YamlError) as exc:
         yamlsafe.load(text, "f.yaml")
-    assert time.perf_counter() - t0 < 1.0
-    assert exc.value.line == line and problem in exc.value.problem, str(exc.value)
+    assert cpu.seconds < 1.0  # each is refused within the first few KiB it reads
+    assert (exc.value.kind, exc.value.line) == (kind, line), str(exc.value)
+    assert exc.value.problem.startswith(problem), str(exc.value)
     assert str(exc.value).startswith(f"f.yaml:{line}: ") and "\n" not in str(exc.value)
 
 
 def test_rule_pack_alias_bomb_is_a_load_error(tmp_path: Path) -> None:
     (tmp_path / "bomb.yaml").write_text("pack: bomb\ndescription: x\n" + alias_bomb() + "rules: []\n")
-    t0 = time.perf_counter()
-    with pytest.raises(RuleError) as exc:
+    with cpu_seconds() as cpu, pytest.raises(RuleError) as exc:
         load_rules([tmp_path])
-    assert time.perf_counter() - t0 < 2.0
+    assert cpu.seconds < 2.0  # the shipped packs load in ~0.3 s; the bomb adds next to nothing
     assert "bomb.yaml:9: more than 1,000,000 nodes once aliases are expanded" in str(exc.value)
 
 
@@ -91,7 +92,7 @@ def test_taxonomy_alias_bomb_is_a_taxonomy_error(tmp_path: Path) -> None:
     ("bomb.yaml", alias_bomb().encode(), "bomb.yaml:7: more than 1,000,000 nodes once aliases are expanded"),
     ("deep.yaml", b"llm: " + b"[" * 50_000, "deep.yaml:1: nested more than"),
     ("broken.yaml", b"llm:\n  model: [x\n", "broken.yaml:3: invalid YAML"),
-    ("broken.toml", b"[llm]\nmodel = \n", "broken.toml: not valid TOML: Invalid value (at line 2, column 9)"),
+    ("broken.toml", b"[llm]\nmodel = \n", "broken.toml: not valid TOML: "),
 ])
 def test_config_file_problems_are_one_line(tmp_path: Path, name: str, body: bytes, expected: str) -> None:
     path = tmp_path / name

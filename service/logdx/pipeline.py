@@ -16,7 +16,7 @@ import pickle
 import time
 import types
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -91,18 +91,38 @@ class Engine:
             engine.warm_up()
         return engine
 
+    def model_stages(self) -> list[tuple[str, str, Callable[[], str]]]:
+        """The models to load before the first diagnosis, in order: (stage, what loading it does,
+        load() -> what it loaded). Loading is idempotent; a stage that has nothing to load is absent."""
+        stages: list[tuple[str, str, Callable[[], str]]] = []
+        retrieval, llm = self.diagnoser.retrieval, self.diagnoser.llm
+        if retrieval is not None:
+            def load_retrieval() -> str:
+                retrieval.ensure_index()
+                s = retrieval.stats
+                how = "loaded from disk" if s.loaded_from_disk else f"built ({s.embedded} embedded)"
+                return f"index of past incidents {how}"
+
+            stages.append(("retrieval", "loading the embedding model and the index of past incidents", load_retrieval))
+        load_llm = getattr(llm, "load", None)
+        if llm is not None and load_llm is not None:
+            where = getattr(llm, "model_dir", "")
+
+            def load_lm() -> str:
+                lm = load_llm()
+                return f"{getattr(lm, 'runtime', 'model')} runtime, {where}"
+
+            stages.append(("llm", f"loading the LLM from {where} (converting the packaged one first if missing)",
+                           load_lm))
+        return stages
+
     def warm_up(self) -> dict[str, float]:
         """Load the models now; returns seconds per stage."""
         took: dict[str, float] = {}
-        retrieval, llm = self.diagnoser.retrieval, self.diagnoser.llm
-        if retrieval is not None:
+        for name, _, load in self.model_stages():
             t0 = time.perf_counter()
-            retrieval.ensure_index()
-            took["retrieval"] = time.perf_counter() - t0
-        if llm is not None and hasattr(llm, "load"):
-            t0 = time.perf_counter()
-            llm.load()
-            took["llm"] = time.perf_counter() - t0
+            load()
+            took[name] = time.perf_counter() - t0
         return took
 
     def remember(self, report: Report, context: FailureContext | None) -> None:

@@ -1,6 +1,6 @@
 """Helpers for testing code that uses logdx (shipped with it, like `structlog.testing`).
 
-    from logdx.testing import Clock, failed_report
+    from logdx.testing import Clock, cpu_seconds, failed_report, wait_until
     from logdx.testing import TempNats, TempPostgres   # servers of a test's own, to restart or kill
     from logdx.testing import Fleet                     # shippers that retry, and what they saw
 """
@@ -19,11 +19,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from logdx.act.report import CompressionFigures, Culprits, Report, RootCause
 
-__all__ = ["Clock", "Fleet", "Outcome", "TempNats", "TempPostgres", "failed_report", "free_port", "shipper_logs"]
+__all__ = ["Clock", "CpuSeconds", "Fleet", "Outcome", "TempNats", "TempPostgres", "cpu_seconds", "failed_report",
+           "free_port", "shipper_logs", "wait_until"]
+
+T = TypeVar("T")
 
 
 class Clock:
@@ -50,6 +53,43 @@ def failed_report(hosts: tuple[str, ...] = ("node-17",), line_no: int = 33, **ov
     )
     fields.update(overrides)
     return Report(**fields)
+
+
+class CpuSeconds:
+    """CPU-seconds spent in a block, for bounding work where wall time would measure the machine's
+    load instead: `with cpu_seconds() as cpu: work()` then `assert cpu.seconds < 2`.
+
+    Counts the calling thread by default (other threads of the test process, a server fixture's,
+    do not count); `process=True` counts every thread of the process (work that fans out)."""
+
+    def __init__(self, process: bool = False) -> None:
+        self._clock = time.process_time if process else time.thread_time
+        self._start = 0.0
+        self.seconds = 0.0
+
+    def __enter__(self) -> CpuSeconds:
+        self._start = self._clock()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = self._clock() - self._start
+
+
+def cpu_seconds(process: bool = False) -> CpuSeconds:
+    return CpuSeconds(process)
+
+
+def wait_until(condition: Callable[[], T], what: str, timeout: float = 120.0, interval: float = 0.02) -> T:
+    """Poll `condition` until it returns something truthy, and return that. The deadline is there
+    only to fail a test that hangs: make it generous, never a measure of speed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
 
 
 # --- throwaway servers: a NATS JetStream and a PostgreSQL of a test's own --------------------------

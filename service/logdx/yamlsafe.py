@@ -24,13 +24,17 @@ _Loader: type[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class YamlError(ValueError):
-    """Not YAML, or YAML past a limit. `str()` is one line: `source:line: problem`."""
+    """Not YAML, or YAML past a limit. `str()` is one line: `source:line: problem`.
 
-    def __init__(self, source: str, line: int | None, problem: str) -> None:
+    `kind` says which: "syntax" (PyYAML could not read it), "depth", "aliases", "recursive_alias",
+    "nodes" (past a limit of ours), "documents" (more than one)."""
+
+    def __init__(self, source: str, line: int | None, problem: str, kind: str = "syntax") -> None:
         super().__init__(f"{source}:{line}: {problem}" if line else f"{source}: {problem}")
         self.source = source
         self.line = line
         self.problem = problem
+        self.kind = kind
 
 
 def load(text: str, source: str) -> Any:
@@ -58,19 +62,41 @@ def load_with_nodes(text: str, source: str) -> tuple[yaml.Node | None, Any]:
 
 
 def _check_events(text: str, source: str) -> None:
-    """Depth, alias count and expanded size, counted on the event stream (no recursion, no tree)."""
+    """Depth, alias count and expanded size, counted on the event stream (no recursion, no tree).
+
+    libyaml reads up to 1,024 characters ahead of the event it hands out, and newer releases stop
+    past a nesting depth of their own there: "[[[[..." fails in its scanner before our depth check
+    sees the 65th level. So a syntax error from libyaml is checked again with PyYAML's pure-Python
+    parser, which reads ahead too but has no such limit: our limits then speak first, whatever the
+    libyaml release."""
+    try:
+        _walk_events(text, source, _Loader)
+    except YamlError as e:
+        if e.kind != "syntax" or _Loader is yaml.SafeLoader:
+            raise
+        _walk_events(text, source, yaml.SafeLoader)
+        raise
+
+
+def _walk_events(text: str, source: str, loader_class: type[Any]) -> None:
     expanded = 0
     aliases = 0
     anchors: dict[str, int] = {}  # anchor -> expanded size of the node it names
     open_nodes: list[tuple[str | None, int]] = []  # (anchor, `expanded` when it opened)
-    loader = _Loader(text)
+    documents = 0
+    loader = loader_class(text)
     try:
         while loader.check_event():
             ev = loader.get_event()
             line = ev.start_mark.line + 1 if ev.start_mark is not None else None
-            if isinstance(ev, yaml.CollectionStartEvent):
+            if isinstance(ev, yaml.DocumentStartEvent):
+                documents += 1
+                if documents > 1:
+                    raise YamlError(source, line, "more than one YAML document ('---' starts another); "
+                                                  "one is expected", "documents")
+            elif isinstance(ev, yaml.CollectionStartEvent):
                 if len(open_nodes) >= MAX_DEPTH:
-                    raise YamlError(source, line, f"nested more than {MAX_DEPTH} levels deep")
+                    raise YamlError(source, line, f"nested more than {MAX_DEPTH} levels deep", "depth")
                 open_nodes.append((ev.anchor, expanded))
                 expanded += 1
             elif isinstance(ev, yaml.CollectionEndEvent):
@@ -84,13 +110,14 @@ def _check_events(text: str, source: str) -> None:
             elif isinstance(ev, yaml.AliasEvent):
                 aliases += 1
                 if aliases > MAX_ALIASES:
-                    raise YamlError(source, line, f"more than {MAX_ALIASES} aliases")
+                    raise YamlError(source, line, f"more than {MAX_ALIASES} aliases", "aliases")
                 if any(anchor == ev.anchor for anchor, _ in open_nodes):
-                    raise YamlError(source, line, f"alias *{ev.anchor} refers to a node that contains it")
+                    raise YamlError(source, line, f"alias *{ev.anchor} refers to a node that contains it",
+                                    "recursive_alias")
                 expanded += anchors.get(ev.anchor, 1)  # an unknown anchor: the composer names it
             if expanded > MAX_NODES:
                 raise YamlError(source, line, f"more than {MAX_NODES:,} nodes once aliases are expanded "
-                                              "(an alias bomb?)")
+                                              "(an alias bomb?)", "nodes")
     except yaml.YAMLError as e:
         raise _syntax_error(e, source) from None
     finally:

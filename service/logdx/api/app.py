@@ -14,7 +14,7 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from logdx import __version__
+from logdx import __version__, progress
 from logdx.api.cluster import cluster_router
 from logdx.api.deps import require_token
 from logdx.api.errors import CatchAllMiddleware, install_error_handlers
@@ -75,17 +75,22 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Slow first-time steps (converting the LLM, indexing incidents) go to the log, with how far.
+        listener = progress.to_log(log)
         services = Services.open(settings)
         app.state.services = services
         services.start()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(services.load_engine, engine)
-            try:
-                yield
-            finally:
-                tg.cancel_scope.cancel()
-        services.stop()
-        app.state.services = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(services.load_engine, engine)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
+            services.stop()
+        finally:
+            progress.remove_listener(listener)
+            app.state.services = None
 
     app = FastAPI(
         title="logdx",

@@ -12,6 +12,7 @@ from fastapi import Depends, Path, Request
 from logdx.api.auth import Principal
 from logdx.api.errors import ApiError
 from logdx.api.limits import JOB_ID_PATTERN, check_job_id
+from logdx.api.readiness import Check, Readiness
 from logdx.api.services import Services
 from logdx.config import Settings
 from logdx.pipeline import Engine
@@ -32,12 +33,24 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
 def get_engine(services: ServicesDep) -> Engine:
-    """The engine (rules and models), or 503 while it is still loading."""
-    if services.engine is None:
-        if services.startup_error:
-            raise ApiError(503, "not_ready", f"the engine failed to start: {services.startup_error}")
-        raise ApiError(503, "not_ready", "the engine is still loading; retry shortly", headers={"Retry-After": "5"})
-    return services.engine
+    """The engine (rules and models), or 503 `not_ready` while it loads (see `ready_engine`)."""
+    if services.engine is not None:
+        return services.engine
+    return ready_engine(services, services.readiness.checks())
+
+
+def ready_engine(services: Services, checks: dict[str, Check]) -> Engine:
+    """The engine when it is loaded and every readiness check passes, else 503 `not_ready` saying
+    what the service waits for (`waiting_for`: a reason per part) with every check's state."""
+    waiting = Readiness.waiting_for(checks)
+    if services.engine is not None and not waiting:
+        return services.engine
+    details = {"waiting_for": waiting, "checks": {name: c.to_json() for name, c in checks.items()}}
+    if services.startup_error:
+        raise ApiError(503, "not_ready", f"the engine failed to start: {services.startup_error}", **details)
+    if not waiting:  # the parts are loaded; the engine is being attached
+        waiting = details["waiting_for"] = {"engine": "starting"}
+    raise ApiError(503, "not_ready", Readiness.summary(waiting), headers={"Retry-After": "5"}, **details)
 
 
 EngineDep = Annotated[Engine, Depends(get_engine)]

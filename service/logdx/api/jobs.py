@@ -192,13 +192,14 @@ class IngestRequest:
     pieces: int = 0  # records published (with the line bus)
     ended: bool = False  # its END record is published (with the line bus)
 
-    def result(self, job_lines: int) -> dict[str, Any]:
+    def result(self, job_lines: int, queued: int = 0) -> dict[str, Any]:
         return {
             "accepted_lines": self.applied,
             "accepted_bytes": self.raw_bytes,
             "skipped_records": self.refused,
             "truncated_lines": self.truncated,
             "job_lines": job_lines,
+            "queued_lines": queued,
         }
 
 
@@ -211,7 +212,8 @@ class Job:
         self.spool: Spool | None = None
         self.state: str = row["state"]
         self.bucket = bucket
-        self.lines: int = row["lines"]
+        self.lines: int = row["lines"]  # received: applied to the session, plus `queued`
+        self.queued = 0  # lines committed while the engine was loading: applied when it is ready
         self.bytes: int = row["bytes"]
         self.diagnosis_key: str | None = row["diagnosis_key"]
         self.acted_key: str | None = row["acted_key"]
@@ -348,6 +350,7 @@ class JobManager:
         job.session, job.spool = session, spool
         job.ledger_offset = spool.offset
         job.lines = session.lines
+        job.queued = 0  # the replay applied them
         job.last_line_at = time.monotonic()  # silence is counted from when this process has the job
         job.templates_count = len(session.templates())
         if replayed:
@@ -408,7 +411,7 @@ class JobManager:
             self._catch_up(job)
         return session
 
-    def _evict_if_needed(self, keep: Job) -> None:
+    def _evict_if_needed(self, keep: Job | None) -> None:
         limit = self.settings.server.max_sessions
         loaded = self.loaded_jobs()
         if len(loaded) <= limit:
@@ -521,9 +524,11 @@ class JobManager:
                         ok, req.duplicate = False, True  # a retry whose first try committed meanwhile
                     if ok and session is not None:
                         self._apply_own(job, session, spool, req, mine, budget)
-                    elif ok:
+                    elif ok:  # the engine is loading: committed now, applied when it is ready
                         req.applied = req.lines
-                    result = req.result(job.lines + (req.applied if session is None else 0))
+                        job.lines += req.applied
+                        job.queued += req.applied
+                    result = req.result(job.lines, job.queued)
                     meta: dict[str, Any] = {"r": req.id, "st": "ok" if ok else "aborted", "n": req.applied}
                     if ok and req.key:
                         meta["k"], meta["res"] = req.key, result
@@ -534,7 +539,7 @@ class JobManager:
                     self._after_feed(job)
                 sync_fd = os.dup(spool.fd)  # fsync outside the lock; survives a concurrent close
             job.bytes += req.raw_bytes
-            result = req.result(job.lines)
+            result = req.result(job.lines, job.queued)
         if req.duplicate and req.key is not None:
             result = {**job.committed.get(req.key, result), "duplicate": True}
         if sync_fd is not None:
@@ -609,6 +614,8 @@ class JobManager:
                 self.metrics.root_to_report.observe(max(0.0, time.time() - job.root_cause_at))
             job.first_report_done = True
             self._record_report(job, report, "early")
+        # A job waiting for its diagnosis is never evicted: past server.max_sessions, make room now.
+        self._evict_if_needed(keep=None)
 
     # -- hangs ---------------------------------------------------------------------------------------
 
@@ -786,10 +793,13 @@ class JobManager:
 
     def _view(self, job: Job) -> tuple[dict[str, Any], dict[str, Any] | None, bool | None, int]:
         """The job's row, compression figures, whether a root cause was seen, and its lines: from
-        the session when the job is open (loading it), else as stored."""
+        the session when the job is open (loading it), else as stored (an ended job, or while the
+        engine loads: figures come once the lines are applied)."""
         with job.tlock:
             row = self._row(job.id) or {}
             if job.state == "open" and row.get("state") != "ended":
+                if self.engine is None:
+                    return row, None, None, max(job.lines, row.get("lines", 0))
                 session = self._loaded_and_current(job)
                 return row, summary_dict(session), session.root_cause_seen, job.lines
         compression = json.loads(row["summary"]) if row.get("summary") else None
@@ -810,6 +820,7 @@ class JobManager:
             "ended_at": row.get("ended_at"),
             "exit_code": row.get("exit_code"),
             "lines": lines,
+            "queued_lines": job.queued if self.engine is None else 0,
             "bytes": row.get("bytes", 0),
             "requests": row.get("requests", 0),
             "compression": compression,
@@ -822,6 +833,9 @@ class JobManager:
         with job.tlock:
             row = self._row(job.id) or {}
             if job.state == "open" and row.get("state") != "ended":
+                if self.engine is None:  # nothing applied yet: the lines wait for the engine
+                    return {"job_id": job.id, "state": "open", "total": 0, "templates": [],
+                            "queued_lines": job.queued}
                 session = self._loaded_and_current(job)
                 all_t = session.templates()
                 total = len(all_t)

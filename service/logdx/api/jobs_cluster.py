@@ -469,7 +469,7 @@ class ClusterJobManager(JobManager):
             report.notes.insert(0, note)
         super()._record_report(job, report, kind)
 
-    def _evict_if_needed(self, keep: Job) -> None:
+    def _evict_if_needed(self, keep: Job | None) -> None:
         """Over `server.max_sessions`: save the least recently used sessions, then drop them."""
         limit = self.settings.server.max_sessions
         loaded = self.loaded_jobs()

@@ -11,11 +11,10 @@ from fastapi import APIRouter, Body, Depends, Query, Response
 from logdx.act.report import Report
 from logdx.api import schemas
 from logdx.api.auth import INGEST, JOB_READ, OPERATE, READ, Principal
-from logdx.api.deps import EngineDep, JobId, ServicesDep, get_engine, permit, require_token
+from logdx.api.deps import EngineDep, JobId, ServicesDep, permit, ready_engine, require_token
 from logdx.api.errors import ApiError, ErrorBody
 from logdx.api.jobs import Job
 from logdx.api.metrics import CONTENT_TYPE
-from logdx.api.readiness import failing_checks
 from logdx.api.services import Services
 from logdx.incidents import IncidentError, IncidentIn
 
@@ -38,15 +37,15 @@ async def healthz() -> dict[str, str]:
 
 
 @health.get("/readyz", response_model=schemas.Ready, responses={503: {"model": ErrorBody}},
-            summary="Readiness: rules (and models) loaded, database and line bus reachable")
+            summary="Readiness: rules (and models) loaded, database and line bus reachable; else what it waits for",
+            description="503 `not_ready` names each part not ready yet and why (`error.waiting_for`: "
+                        "`{\"llm\": \"converting the packaged LLM once (later runs reuse it)\"}`), with "
+                        "every check's state (`error.checks`, as `checks` in the 200).")
 async def readyz(services: ServicesDep) -> dict[str, Any]:
-    failing = await services.run(failing_checks, services)
-    if failing:
-        retry = {} if services.startup_error else {"Retry-After": "5"}
-        raise ApiError(503, "not_ready", "; ".join(f"{name}: {why}" for name, why in failing.items()),
-                       headers=retry, checks=failing)
-    engine = get_engine(services)
-    return {"status": "ready", "rules": len(engine.rules.rules), "recovering_jobs": services.recovering}
+    checks = await services.run(services.readiness.checks)
+    engine = ready_engine(services, checks)
+    return {"status": "ready", "rules": len(engine.rules.rules), "recovering_jobs": services.recovering,
+            "checks": {name: c.to_json() for name, c in checks.items()}}
 
 
 @metrics_router.get("/metrics", summary="Prometheus metrics", response_class=Response)
@@ -102,7 +101,7 @@ JobReader = Annotated[Principal, Depends(permit(JOB_READ, "read jobs"))]
 
 @api.get("/jobs/{job_id}", response_model=schemas.JobDetail, tags=["jobs"],
          summary="A job: state, compression figures, last diagnosis, alerts and actions")
-def get_job(job_id: JobId, services: ServicesDep, _engine: EngineDep, principal: JobReader) -> dict[str, Any]:
+def get_job(job_id: JobId, services: ServicesDep, principal: JobReader) -> dict[str, Any]:
     job = _job_or_404(services, job_id, principal)
     detail = services.jobs.describe(job)
     detail["alerts"] = [
@@ -119,7 +118,6 @@ def get_job(job_id: JobId, services: ServicesDep, _engine: EngineDep, principal:
 def get_templates(
     job_id: JobId,
     services: ServicesDep,
-    _engine: EngineDep,
     principal: JobReader,
     limit: Annotated[int, Query(ge=1, le=5000)] = 200,
     errors_only: Annotated[bool, Query(description="only error-bearing templates")] = False,

@@ -23,6 +23,8 @@ class IngestResponse(BaseModel):
                                     "no_message, no_job, bad_job_id, malformed")
     truncated_lines: int = Field(0, description="lines longer than input.max_line_bytes, cut and marked")
     job_lines: int = Field(description="lines the job has received so far, all uploads together")
+    queued_lines: int = Field(0, description="of those, lines committed while the engine loads (see /readyz): "
+                                             "durable, and applied and diagnosed once it is ready")
     duplicate: bool = Field(False, description="an earlier request with the same Idempotency-Key was applied")
 
 
@@ -133,6 +135,7 @@ class JobDetail(BaseModel):
     ended_at: float | None = None
     exit_code: int | None = None
     lines: int
+    queued_lines: int = Field(0, description="lines waiting for the engine to load (see /readyz)")
     bytes: int
     requests: int
     compression: Compression | None = None
@@ -165,6 +168,7 @@ class TemplateList(BaseModel):
     state: Literal["open", "ended"]
     total: int
     templates: list[TemplateItem]
+    queued_lines: int = Field(0, description="lines waiting for the engine to load (see /readyz)")
 
 
 class FeedbackRequest(_In):
@@ -199,7 +203,15 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+class CheckOut(BaseModel):
+    ready: bool
+    reason: str = Field(description="not ready: what it waits for; ready: what it has")
+    progress: float | None = Field(None, description="0..1 while loading, when known")
+    since_s: float | None = Field(None, description="seconds in this state")
+
+
 class Ready(BaseModel):
     status: Literal["ready"]
     rules: int
     recovering_jobs: int
+    checks: dict[str, CheckOut] = Field(default_factory=dict, description="each part the service needs, by name")

@@ -29,7 +29,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
                        description="Run the logdx HTTP service. Settings come from the config file and "
                                    "LOGDX_SERVER__* variables; the options below override them.")
     _add_serve_args(p)
-    p.set_defaults(func=cmd_serve)
+    p.set_defaults(func=cmd_serve, progress="log")  # the app logs its stages (api/app.py)
     return p
 
 

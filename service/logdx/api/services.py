@@ -4,6 +4,10 @@ Start-up order: the database and stores open at once (cheap); the engine (rules,
 retrieval or the LLM are on) loads in a worker thread so /healthz answers while it loads and
 /readyz turns 200 when it is done; then open jobs are recovered (spools replayed) and diagnosis
 changes that were stored but not acted on before a crash are acted on.
+
+While it loads, the log says each step and how far it got, and /readyz says what it waits for: one
+check per part (`readiness`: "rules", "retrieval", "llm"; dependency checks are added the same way).
+Reads answer from the database, and uploads are spooled: their lines are queued for the engine.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
+from logdx import progress
 from logdx.act.respond import Responder, Response
 from logdx.api.auth import Authenticator, Tenants
 from logdx.api.background import Actor, Effect
@@ -27,6 +32,7 @@ from logdx.api.jobs import Job, JobManager
 from logdx.api.jobs_cluster import ClusterJobManager
 from logdx.api.metrics import Metrics
 from logdx.api.quotas import JobQuota
+from logdx.api.readiness import Component, Readiness
 from logdx.api.retention import KINDS, Sweeper
 from logdx.bus.ownership import WORKER_ROLES
 from logdx.config import Settings
@@ -51,6 +57,7 @@ class Services:
     quota: JobQuota
     auth: Authenticator
     tenants: Tenants
+    readiness: Readiness = field(default_factory=Readiness)
     engine: Engine | None = None
     startup_error: str | None = None
     recovering: int = 0
@@ -81,8 +88,22 @@ class Services:
                        responder=responder, actor=actor, sweeper=sweeper,
                        quota=JobQuota(settings.server, lambda: _open_jobs(db)),
                        auth=Authenticator(settings.server), tenants=Tenants(db))
+        services.readiness.component("rules")
+        if settings.retrieval.enabled:
+            services.readiness.component("retrieval")
+        if settings.llm.enabled:
+            services.readiness.component("llm")
+        from logdx.api.readiness import dependency_probes
+
+        for name, probe in dependency_probes(services).items():
+            services.readiness.add(name, probe)
         metrics.add_state(services._gauges)
         return services
+
+    def part(self, name: str) -> Component | None:
+        """The readiness check of an engine part that reports itself (rules, retrieval, llm)."""
+        check = self.readiness.get(name)
+        return check if isinstance(check, Component) else None
 
     @property
     def cluster(self) -> ClusterJobManager | None:
@@ -129,21 +150,72 @@ class Services:
         self.sweeper.start()
 
     async def load_engine(self, engine: Engine | None = None) -> None:
-        """Load the engine off the event loop, then recover open jobs."""
+        """Load the engine off the event loop, saying what it loads; then recover open jobs."""
         t0 = time.perf_counter()
+        listener = progress.add_listener(self._on_progress)
         try:
-            if engine is None:
-                engine = await anyio.to_thread.run_sync(
-                    lambda: Engine.create(self.settings, incidents=self.incidents, warm=True)
-                )
+            engine = await anyio.to_thread.run_sync(self._build_engine, engine)
         except Exception as e:
             log.exception("the engine failed to load")
             self.startup_error = f"{type(e).__name__}: {e}"
             return
+        finally:
+            progress.remove_listener(listener)
         self.jobs.attach(engine, self.actor)
         self.engine = engine
         log.info("engine ready in %.1fs (%d rules)", time.perf_counter() - t0, len(engine.rules.rules))
         await self.recover()
+
+    def _build_engine(self, engine: Engine | None) -> Engine:
+        """The rules, then each model stage, each part's readiness check saying where it is."""
+        rules = self.part("rules")
+        if engine is None:
+            dirs = ", ".join(str(d) for d in self.settings.rules.dirs) or "the packaged ones"
+            self._loading(rules, f"loading the rule packs ({dirs}) and the error catalog")
+            try:
+                engine = Engine.create(self.settings, incidents=self.incidents)
+            except Exception as e:
+                self._failed(rules, e)
+                raise
+        self._done(rules, f"{len(engine.rules.rules)} rules")
+        for name, what, load in engine.model_stages():
+            part = self.part(name)
+            self._loading(part, what)
+            try:
+                loaded = load()
+            except Exception as e:
+                self._failed(part, e)
+                raise
+            self._done(part, loaded)
+        for name in ("retrieval", "llm"):  # enabled, but nothing to load (a remote LLM)
+            part = self.part(name)
+            if part is not None and not part.ready:
+                self._done(part, "nothing to load")
+        return engine
+
+    @staticmethod
+    def _loading(part: Component | None, what: str) -> None:
+        log.info("%s: %s", part.name if part else "engine", what)
+        if part is not None:
+            part.loading(what)
+
+    @staticmethod
+    def _done(part: Component | None, what: str) -> None:
+        if part is not None:
+            log.info("%s: ready (%s)", part.name, what)
+            part.done(what)
+
+    @staticmethod
+    def _failed(part: Component | None, e: Exception) -> None:
+        if part is not None:
+            part.failed(f"{type(e).__name__}: {e}")
+
+    def _on_progress(self, event: str, stage: progress.Stage) -> None:
+        """A slow first-time step inside a part (converting the LLM, indexing incidents): its
+        readiness check says which, and how far it got."""
+        part = self.part(stage.part) if stage.part else None
+        if part is not None and event in ("start", "advance"):
+            part.loading(stage.what, stage.fraction)
 
     async def recover(self) -> None:
         if self.cluster is not None:

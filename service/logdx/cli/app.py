@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from logdx import __version__
+from logdx import __version__, progress
 from logdx.api.server import add_serve_parser  # light: FastAPI loads only when serve runs
 from logdx.cli.diagnose import add_diagnose_args, add_diagnose_parser, cmd_diagnose
 from logdx.cli.incidents import add_incident_parsers
@@ -59,7 +59,14 @@ def run_command(argv: Sequence[str], prog: str, build: Callable[[str], argparse.
         if func is None:
             parser.print_help()
             return EXIT_USAGE
-        return int(func(args))
+        # Slow first-time work (model conversion, indexing) says what it does on stderr; the
+        # server logs it instead (its listener is the app's).
+        listener = progress.to_stderr() if getattr(args, "progress", "stderr") == "stderr" else None
+        try:
+            return int(func(args))
+        finally:
+            if listener is not None:
+                progress.remove_listener(listener)
     except UsageError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return EXIT_USAGE

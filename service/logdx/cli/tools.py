@@ -19,7 +19,7 @@ def add_tool_parsers(sub: argparse._SubParsersAction, parser_class: type[argpars
 
     md = sub.add_parser("model", help="the embedded LLM")
     md_sub = md.add_subparsers(dest="model_command", parser_class=parser_class, metavar="SUBCOMMAND", required=True)
-    mc = md_sub.add_parser("convert", help="convert the packaged GGUF once into the cache (about a minute)")
+    mc = md_sub.add_parser("convert", help="convert the packaged GGUF once into the cache (make install does; seconds)")
     mc.add_argument("dir", nargs="?", type=Path, help="target folder (default: llm.cache_dir/gemma3-270m)")
     add_config_arg(mc)
     mc.set_defaults(func=cmd_model_convert)
