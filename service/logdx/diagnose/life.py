@@ -70,8 +70,8 @@ def went_on_after(event: Event, summary: CompressionSummary, *, at_least: int = 
         return False
     if _advanced_after(event, summary, mark, at_least):
         return True
-    if event.kind in _TERMINAL_KINDS or event.exception_type:
-        return False
+    if event.kind in _TERMINAL_KINDS or event.exception_type or not is_warning(event):
+        return False  # only what the program itself says it goes on after (a warning, a retry)
     # Only where training says nothing: once the job makes progress after an event, its progress
     # decides (the steps in flight when a rank died are printed by the others).
     return summary.progress.lines == mark.job_lines and _printed_on_after(event, summary, mark)

@@ -14,6 +14,8 @@ Labels are the corpus labels. Scored like the excerpts, and:
 * root_line is right when the report's root line *is* the buried copy of the labelled line: its line
   number is where ``bury`` wrote (one of) the real line(s) the label names, and its text, once the
   prefix ``bury`` added is stripped, matches the label as in the excerpt;
+* action is the excerpt's, except for a hardware fault whose real lines went in bare into a job of
+  several hosts, naming none: no node can be cordoned there, and a restart is right (`buried_action`);
 * culprit (when labelled) is right when the excerpt's check passes, or when the report names the rank
   or the host the real lines were buried under (their prefix says so: the culprit of the buried job). A
   label "rank N" makes rank N the culprit of the burial, so both agree.
@@ -65,7 +67,24 @@ def burial_culprit_named(report: Report, truth: BuriedTruth) -> bool:
     return truth.culprit_rank in report.culprits.ranks or truth.culprit_host in report.culprits.hosts
 
 
+def buried_action(label: dict, truth: BuriedTruth) -> str:
+    """The action the buried log allows. A hardware fault whose real lines went in bare (a kernel's
+    line, an excerpt's unprefixed traceback) into a job of several hosts, and that names no host
+    itself, cannot be pinned on one machine: logdx restarts rather than cordon a node the log does not
+    name (README "Safety model"), whatever the excerpt, one machine's own log, allowed."""
+    if label.get("action") != "cordon_and_restart" or len(set(truth.hosts)) <= 1:
+        return label.get("action", "")
+    named = label.get("culprit") or ""
+    if any(h and h in named for h in [*truth.hosts, *re.findall(r"[A-Za-z][\w.-]*\d[\w.-]*", named)]):
+        return label["action"]  # the excerpt names its host (its lines say so wherever they go)
+    indices = truth.original_indices_for(label.get("root_line", ""))
+    if indices and all(not truth.prefixes.get(i) for i in indices):
+        return "restart"
+    return label["action"]
+
+
 def score_buried(label: dict, report: Report, truth: BuriedTruth) -> dict[str, bool | None]:
+    label = {**label, "action": buried_action(label, truth)}
     marks = score_case(label, report)
     if not is_healthy_label(label):
         marks["root_line"] = buried_root_line_correct(label.get("root_line", ""), report, truth)

@@ -605,7 +605,8 @@ REGISTRY: dict[str, Scenario] = {
         Scenario("ib_error", "NET/IB completion error status=12 on one rank; cascade", _I, "network_error", _R, ib_error),
         Scenario("node_lost", "one host goes silent; c10d errors, Slurm NODE FAILURE (or pdsh ssh 255)", _I,
                  "node_failure", _CR, node_lost, min_hosts=2),
-        Scenario("nccl_hang", "symptoms only: all ranks but one time out on the same SeqNum", _I, "nccl_timeout", _R, nccl_hang),
+        Scenario("nccl_hang", "symptoms only: all ranks but one time out on the same SeqNum: a hang whose silent "
+                 "rank, named by its own NCCL lines, is the culprit", _I, "hang", _CR, nccl_hang),
         Scenario("s3_timeout", "botocore ReadTimeoutError reading a shard or uploading a checkpoint", _I,
                  "storage_error", _R, s3_timeout),
         Scenario("disk_full", "OSError: [Errno 28] No space left on device while saving a checkpoint", _I,
@@ -624,7 +625,7 @@ REGISTRY: dict[str, Scenario] = {
                  syntax_error, at_startup=True),
         Scenario("key_error", "KeyError in the user's code during training (rank 0 or all ranks)", _S, "key_error",
                  _NR, key_error),
-        Scenario("stall", "progress stops with no error until the job is killed hours later", Category.UNKNOWN,
-                 "unknown", _R, stall),
+        Scenario("stall", "progress stops with no error until the job is killed hours later: a hang", _I,
+                 "hang", _R, stall),
     )
 }
