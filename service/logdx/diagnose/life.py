@@ -91,7 +91,7 @@ def _advanced_after(event: Event, summary: CompressionSummary, mark: ProgressMar
     were. Where it does not, progress lines counted instead."""
     progress = summary.progress
     own = _source(progress, event.anchor.source_key) if event.anchor.source_key != "-" else None
-    if own is not None and (own.advances > 0 or own.last_step is not None):
+    if own is not None and own.advances >= MIN_ADVANCES:  # a loop of its own (not one summary line)
         if own.last_step is not None and own.step_delta:
             before = mark.source_step if mark.source_step is not None else own.first_step
             return before is not None and own.last_step - before >= at_least * own.step_delta * 0.999
