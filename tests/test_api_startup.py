@@ -67,8 +67,8 @@ def test_while_models_load_reads_answer_uploads_queue_and_readyz_says_why(tmp_pa
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
                 ready = wait_until(lambda: (r := c.get("/readyz")).status_code == 200 and r.json(), "ready")
-                assert {name: check["ready"] for name, check in ready["checks"].items()} == {"rules": True,
-                                                                                            "llm": True}
+                assert {name: check["ready"] for name, check in ready["checks"].items()} == {
+                    "rules": True, "llm": True, "store": True, "bus": True}
                 applied = wait_until(lambda: (j := c.get("/v1/jobs/early").json())["compression"] and j,
                                      "the queued lines applied")
                 assert applied["lines"] == 9 and applied["queued_lines"] == 0

@@ -396,6 +396,7 @@ class Timeline:
         self.max_step: float | None = None
         self._loss = _Series()
         self._step_time = _Series()
+        self._unread: list[_Source] = []  # sources whose last line the fast path left unread
         self._loss_source: str | None = None  # the one source the loss is read from
         self._time_source: str | None = None  # and the step time
         self._watch = _Watch()
@@ -478,6 +479,8 @@ class Timeline:
         if template_id == src.main:
             n = src.main_lines = src.main_lines + 1
             if n > _EXACT_LINES and n % _SAMPLE:
+                if src.pending is None:
+                    self._unread.append(src)
                 src.pending = (shape, template_id, encoded, ts)
                 return
         src.pending = None
@@ -492,6 +495,11 @@ class Timeline:
         if shape.epoch_run >= 0:
             counter += int(runs[shape.epoch_run]) * int(runs[shape.total_run])
         self._count(src, template_id, float(counter), ts)
+
+    def _flush_all(self) -> None:
+        for src in self._unread:
+            self._flush(src)
+        self._unread.clear()
 
     def _flush(self, src: _Source) -> None:
         """Read the last, unread line of a source: where exactly it is."""
@@ -731,10 +739,10 @@ class Timeline:
     # -- what the rest of the pipeline asks ------------------------------------------------------------
 
     def mark(self, source_key: str) -> ProgressMark:
-        """Where a source and the job are now: stamped on each event as it is found."""
+        """Where a source and the job are now: stamped on each event as it is found (the lines the fast
+        path left unread are read first: the job's highest step must be exact here as at the end)."""
+        self._flush_all()
         src = self._sources.get(source_key)
-        if src is not None:
-            self._flush(src)
         return ProgressMark(
             source_advances=src.advances if src is not None else 0,
             source_step=src.step if src is not None else None,
@@ -746,8 +754,7 @@ class Timeline:
 
     def summary(self, last_output: dict[str, tuple[int, float | None]] | None = None) -> ProgressSummary:
         """The report's view (see ProgressSummary); `last_output`: each source's last line of any kind."""
-        for src in self._sources.values():
-            self._flush(src)
+        self._flush_all()
         sources = [
             SourceProgress(
                 key=key, rank=s.rank, host=s.host, first_line=s.first_line, last_line=s.last_line,
