@@ -250,6 +250,10 @@ def test_loss_spike_ends_the_job_unless_only_nan_is_watched(tmp_path):
     r = run(tmp_path, "spike", fixture_args=["--steps", "30"])
     assert r.code == 128 + signal.SIGTERM, r.err
     assert r.attempts[0]["trigger"] == "loss_spike"
+    (tmp_path / "recovers").mkdir()
+    r = run(tmp_path / "recovers", "spike_recovers", fixture_args=["--steps", "30"])
+    assert r.code == 0, r.err  # a spike the loss came back from is a note, not a reason to kill a job
+    assert r.attempts[0]["trigger"] == "ok"
     (tmp_path / "nan-only").mkdir()
     r = run(tmp_path / "nan-only", "spike", "--loss-trigger", "nan", fixture_args=["--steps", "30"])
     assert r.code == 0, r.err

@@ -339,6 +339,8 @@ class Session:
         line: a `loss_nan` event, or a line a `nan_loss` rule matched)."""
         if event.kind == "loss_nan":
             return True
+        if event.kind == "loss_spike":
+            return False  # a spike that stayed up is its own trigger (`--loss-trigger spike`), not NaN
         hits = self.engine.rules.match(event)
         return bool(hits) and hits[0].label.failure_type == "nan_loss"
 
