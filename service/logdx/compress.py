@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import hostlist
 from drain3.drain import Drain, LogCluster, Node
 
 from logdx.config import CompressSettings
@@ -91,6 +92,7 @@ _BOX_RANK = re.compile(r"^\s*rank\s+: (\d+) \(local_rank")
 _ALLOCATION = re.compile(
     r"(?:\bExec host:|\bexec_host = |\bSLURM_(?:JOB_)?NODELIST=|\bNodeList=|\bexecuted on host\(s\) )\s*(.+)")
 _MAX_ALLOCATION = 4096
+_HOSTLIST_PART = re.compile(r"(?:[^,\[]|\[[^\]]*\])+")  # a comma inside brackets is a range's
 _NCCL_COMM = re.compile(r"NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nr?[Rr]anks \d+ cudaDev (\d+)(?: nvmlDev \d+)? busId ([0-9a-fA-F]+)")
 
 
@@ -854,21 +856,17 @@ def allocation_hosts(spec: str) -> list[str]:
 
 
 def _expand_hostlist(expr: str) -> list[str]:
-    """Slurm's hostlist syntax, one bracket group per name: "gpu[01-03,07],login1"."""
+    """Slurm's hostlist syntax ("gpu[01-03,07]-ib[1,3],login1"), expanded by python-hostlist one
+    top-level part at a time, so that a huge list stops past `_MAX_ALLOCATION` names (each part is
+    bounded by the library); [] when a part is not a hostlist."""
     names: list[str] = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?([^,\[]*)", expr):
-        prefix, ranges, suffix = m.group(1), m.group(2), m.group(3)
-        if ranges is None:
-            names.append(prefix + suffix)
-            continue
-        for r in ranges.split(","):
-            lo, _, hi = r.partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()):
-                return [expr]  # not a hostlist this reads: left to clean_hostname to refuse
-            for n in range(int(lo), int(hi or lo) + 1):
-                names.append(f"{prefix}{n:0{len(lo)}d}{suffix}")
-                if len(names) > _MAX_ALLOCATION:
-                    return names
+    for part in _HOSTLIST_PART.findall(expr):
+        try:
+            names += hostlist.expand_hostlist(part)
+        except hostlist.BadHostlist:
+            return []
+        if len(names) > _MAX_ALLOCATION:
+            break
     return names
 
 
