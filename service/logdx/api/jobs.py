@@ -52,8 +52,8 @@ from logdx.incidents import IncidentStore
 from logdx.model import FailureContext
 from logdx.normalize import Source
 from logdx.pipeline import Engine, Session
-from logdx.store import Database, migrate
-from logdx.store_base import StoreError
+from logdx.store import migrate
+from logdx.store_base import Store, StoreError
 
 # The faces import these from here (the job manager's module).
 __all__ = ["COMPONENT", "MIGRATIONS", "PG_MIGRATIONS", "IngestRequest", "Job", "JobManager", "template_dict"]
@@ -67,7 +67,7 @@ _IDEMPOTENCY_KEYS = 10_000  # per job, most recent
 class JobManager:
     """The jobs of this process: their rows, registry, diagnoses and reads, over a `Coordinator`."""
 
-    def __init__(self, settings: Settings, db: Database, incidents: IncidentStore, metrics: Metrics,
+    def __init__(self, settings: Settings, db: Store, incidents: IncidentStore, metrics: Metrics,
                  coordinator: Callable[[JobManager], Coordinator] | None = None) -> None:
         self.settings = settings
         self.db = db

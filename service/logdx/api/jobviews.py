@@ -71,7 +71,7 @@ def templates(jobs: JobManager, job: Job, limit: int, errors_only: bool) -> dict
             chosen = sorted(chosen, key=lambda t: -t.count)[:limit]
             return {"job_id": job.id, "state": "open", "total": total,
                     "templates": [template_dict(t) for t in chosen]}
-    snap = json.loads(row["templates"]) if row.get("templates") else {"total": 0, "templates": []}
+    snap: dict[str, Any] = json.loads(row["templates"]) if row.get("templates") else {"total": 0, "templates": []}
     items = [t for t in snap["templates"] if t["error_bearing"]] if errors_only else snap["templates"]
     return {"job_id": job.id, "state": row.get("state", job.state), "total": snap["total"],
             "templates": items[:limit]}
