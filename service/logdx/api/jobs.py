@@ -1,12 +1,12 @@
 """Jobs: one streaming session per job, fed by many concurrent uploads, durable across restarts.
 
-
 Concurrency. A job's session (normaliser, Drain miner, detector) is never used by two threads at
 once: every use holds the job's `tlock`. Uploads queue on the job's asyncio lock before they take
 a worker thread, so sixty-four streams of one job wait on the event loop, not in the thread pool.
 
-Where lines and sessions live is the `Coordinator`'s (`api/coordinator.py`): the spool files of one
+Storage. Where lines and sessions live is the `Coordinator`'s (`api/coordinator.py`): the spool files of one
 process (`api/embedded.py`) or the line bus and partition owners of a cluster (`api/jobs_cluster.py`).
+Hang checks are `api/hangs.py`; reading a job (figures, templates, the list) is `api/jobviews.py`.
 
 Diagnosis. When a root-cause event appears, a diagnosis is scheduled (`early_diagnosis_delay_s`
 later, debounced); `/end` makes the final one. Each report whose diagnosis differs from the
@@ -61,7 +61,6 @@ __all__ = ["COMPONENT", "MIGRATIONS", "PG_MIGRATIONS", "IngestRequest", "Job", "
 log = logging.getLogger("logdx.api")
 
 _IDEMPOTENCY_KEYS = 10_000  # per job, most recent
-
 
 
 class JobManager:
