@@ -9,6 +9,8 @@ SHARED ?= ../shared/data
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 LINTED := service tests bench tools
+# Type-checked by mypy (configured in pyproject.toml); the rest of the package follows as it is cleaned.
+TYPED := service/logdx/api service/logdx/config.py service/logdx/hosts.py
 # The slowest tests, listed at the end of `make test` (pytest's --durations).
 SLOWEST ?= 15
 
@@ -68,6 +70,7 @@ test-slow: $(STAMP) model
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/mypy $(TYPED)
 
 # Accuracy. The labelled real failure logs (our corpus, eval/corpus: a source URL and a thread-settled
 # label each; the shared development sample), each of them buried in a realistic long multi-rank job,

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from logdx.api.jobs_cluster import _pieces
+from logdx.api.bus_ingest import _pieces
 from logdx.bus.records import DATA, END, BusRecord, Names, decode, encode, partition_of
 from logdx.config import load_settings
 from logdx.normalize import Source

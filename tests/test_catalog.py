@@ -17,14 +17,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tools/ is not installed: the builder runs from the checkout
 
-from logdx.diagnose.catalog import CATALOG_PATH, FORMAT_VERSION, Catalog, catalog, catalog_meta  # noqa: E402
-from logdx.testing import cpu_seconds  # noqa: E402
 from tools.catalog.build_catalog import build  # noqa: E402
 from tools.catalog.extract_binary import nccl_sites  # noqa: E402
 from tools.catalog.extract_native import extract_cxx, extract_cython, extract_rust  # noqa: E402
 from tools.catalog.extract_python import PythonStats, extract_python  # noqa: E402
 from tools.catalog.label import Labeller  # noqa: E402
 from tools.catalog.templates import Site  # noqa: E402
+
+from logdx.diagnose.catalog import CATALOG_PATH, FORMAT_VERSION, Catalog, catalog, catalog_meta  # noqa: E402
+from logdx.testing import cpu_seconds  # noqa: E402
 
 TINY_CORE = textwrap.dedent('''\
     """A module with raise sites of every form the extractor reads."""
@@ -258,7 +259,8 @@ def test_build_from_local_release_files(tmp_path):
     out, meta_path = tmp_path / "out" / "catalog.jsonl.gz", tmp_path / "out" / "catalog.meta.json"
     meta = build(sources, out, meta_path, tmp_path / "cache", offline=True)
 
-    entries = [json.loads(line) for line in gzip.open(out, "rt", encoding="utf-8")]
+    with gzip.open(out, "rt", encoding="utf-8") as f:
+        entries = [json.loads(line) for line in f]
     by_template = {e["template"]: e for e in entries}
     shard = by_template["shard <*> is corrupt, delete it and download it again"]
     assert shard["module"] == "tinypkg.core" and shard["qualified"] == "tinypkg.errors.ShardError"

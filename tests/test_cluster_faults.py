@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -141,11 +142,20 @@ def _metric(server: Server, name: str) -> float | None:
 
 
 def _spread(servers: list[Server]) -> None:
-    def spread() -> bool:
-        owners = [p["owner"] for p in _cluster(servers[0])["partitions"]]
-        return None not in owners and len(set(owners)) == len(servers)  # every partition owned, by all of them
+    """Every replica owns partitions and the first balancing is over: the owners table stays the same
+    for two balancing rounds (`lease_s / 3` each). Two replicas may each hand a partition back for one
+    that looked starved a moment before, which shows only after every replica owns one."""
+    seen: dict[str, Any] = {}
 
-    _wait(spread, 120, "the partitions spread over the replicas")
+    def settled() -> bool:
+        table, now = _owners(servers[0]), time.monotonic()
+        owners = {owner for owner, _ in table.values()}
+        if None in owners or len(owners) != len(servers) or table != seen.get("table"):
+            seen.update(table=table, since=now)
+            return False
+        return now - seen["since"] >= 2.0
+
+    _wait(settled, 120, "the partitions spread over the replicas")
 
 
 def _fleet(servers: list[Server], job_id: str, job: ShippedJob, lines_per_s: float | None = 1500.0) -> Fleet:
@@ -262,7 +272,7 @@ def _outage(servers: list[Server], fleet: Fleet, down: Callable[[], None], up: C
     def fault() -> None:
         down()
         ready = _wait(lambda: (r := httpx.get(servers[1].url + "/readyz", timeout=10)).status_code == 503 and r,
-                      120, "/readyz says not ready while the dependency is down")
+                      30, "/readyz says not ready while the dependency is down")
         fault.seen = ready.json()  # type: ignore[attr-defined]
         _wait(lambda: fleet.outcome.statuses[f"503 {refused}"] > 0, 120, "an upload refused meanwhile")
         time.sleep(hold_s)
@@ -324,7 +334,11 @@ def test_the_replica_taking_over_is_killed_during_its_takeover(tmp_path, pg_url,
             servers[first].kill()
             fleet.dead.add(first)
             killed.append(first)
-            second = _wait(lambda: owner_of({first}), 120, "another replica claims the partition")
+            def successor() -> tuple[int] | None:  # (replica 0 is falsy)
+                owner = owner_of({first})
+                return None if owner is None else (owner,)
+
+            (second,) = _wait(successor, 120, "another replica claims the partition")
             servers[second].kill()  # while it restores the sessions and reads the partition again
             fleet.dead.add(second)
             killed.append(second)

@@ -168,7 +168,10 @@ def test_an_allocation_of_several_nodes_or_no_plain_name_links_nothing(engine, e
     ("n1/0*8+n1/1*8+n2/0*8", ["n1", "n2"]),  # qstat -f exec_host: slots of a host count once
     ("node[01-03,07],login1", ["node01", "node02", "node03", "node07", "login1"]),  # Slurm hostlist
     ("<8*hostA>, <8*hostB>, in queue <normal>, as user <alice>", ["hostA", "hostB"]),  # LSF job report
+    ("gpu[01-02]-ib[1,3],login1", ["gpu01-ib1", "gpu01-ib3", "gpu02-ib1", "gpu02-ib3", "login1"]),  # every group
     ("gpu[1-x]", []),
+    ("n[0-99999999]", []),  # more nodes than an allocation holds: not expanded
+    ("a[0-4095],b[0-3]", []),
     ("$(reboot)", []),
 ])
 def test_allocation_specs_of_each_scheduler(spec, hosts):

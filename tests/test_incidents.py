@@ -262,8 +262,6 @@ def test_feedback_turns_a_corrected_report_into_an_incident(store):
     assert inc.root_template == ctx.root_masked and inc.templates == ctx.templates
     assert inc.culprit_kind == "node"
     assert store.get(inc.id) == inc
-    fb = store.report_feedback(rid)
-    assert fb["verdict"] == "corrected from script/script_error" and fb["incident_id"] == inc.id
 
 
 def test_feedback_without_stored_context_uses_the_report_text(store):

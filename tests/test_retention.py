@@ -77,7 +77,7 @@ def test_each_kind_goes_after_its_age_and_what_is_needed_stays(tmp_path: Path, r
                       json={"category": "infrastructure", "failure_type": "gpu_fell_off_bus"}).status_code == 200
         wait_for(lambda: count(app, "alert_outbox", "status = 'delivered'") >= 1, "the alert's delivery")
         assert count(app, "action_audit", "dry_run = 1") >= 1
-        spool = app.services.jobs.spool_dir / "idle-run.spool"
+        spool = app.services.jobs.coord.spool_dir / "idle-run.spool"
         assert spool.exists()
 
         now = time.time()

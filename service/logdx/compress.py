@@ -15,17 +15,16 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from drain3.drain import Drain
+import hostlist
+from drain3.drain import Drain, LogCluster, Node
 
 from logdx.config import CompressSettings
+from logdx.flightrec.frtext import is_report_line, is_report_start
 from logdx.hosts import clean_hostname
 from logdx.model import CompressionSummary, KeptLine, ProgressSummary, Record, TemplateStats
-from logdx.flightrec.frtext import is_report_line, is_report_start
-from logdx.stacks import classify_line, is_stack_start
-from logdx.timeline import LossSignal, ProgressShape, Timeline, checkpoint_step_of, may_count, progress_shape_of
 from logdx.patterns import (
     MASK,
     PARAM,
@@ -36,7 +35,8 @@ from logdx.patterns import (
     strip_traceback_prefix,
     traceback_prefix,
 )
-
+from logdx.stacks import classify_line, is_stack_start
+from logdx.timeline import LossSignal, ProgressShape, Timeline, checkpoint_step_of, may_count, progress_shape_of
 
 # Words that make a line worth keeping whole. Judged on the masked line, once per distinct line.
 _ERROR_WORD_LIST = (
@@ -92,6 +92,7 @@ _BOX_RANK = re.compile(r"^\s*rank\s+: (\d+) \(local_rank")
 _ALLOCATION = re.compile(
     r"(?:\bExec host:|\bexec_host = |\bSLURM_(?:JOB_)?NODELIST=|\bNodeList=|\bexecuted on host\(s\) )\s*(.+)")
 _MAX_ALLOCATION = 4096
+_HOSTLIST_PART = re.compile(r"(?:[^,\[]|\[[^\]]*\])+")  # a comma inside brackets is a range's
 _NCCL_COMM = re.compile(r"NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nr?[Rr]anks \d+ cudaDev (\d+)(?: nvmlDev \d+)? busId ([0-9a-fA-F]+)")
 
 
@@ -155,19 +156,20 @@ class _Drain(Drain):
     with bounded work per line (`add_bounded`)."""
 
     def __init__(self, *, match_params: bool = False, max_tokens: int = 64, max_leaf: int = 1024,
-                 **kwargs) -> None:  # noqa: ANN003
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         self.match_params = match_params
         self.max_tokens = max_tokens
         self.max_leaf = max_leaf
 
-    def tree_search(self, root_node, tokens, sim_th, include_params):  # noqa: ANN001, ANN201 - drain3's signature
+    def tree_search(self, root_node: Node, tokens: Sequence[str], sim_th: float,
+                    include_params: bool) -> LogCluster | None:
         return super().tree_search(root_node, tokens, sim_th, include_params or self.match_params)
 
     def get_content_as_tokens(self, content: str) -> list[str]:
         return split_tokens(content, self.max_tokens)
 
-    def add_bounded(self, content: str):  # noqa: ANN201 - a drain3 LogCluster, or None
+    def add_bounded(self, content: str) -> LogCluster | None:
         """`add_log_message`, except that a line matching no template of a full leaf makes none (None)."""
         tokens = self.get_content_as_tokens(content)
         leaf = self._leaf(tokens)
@@ -184,7 +186,7 @@ class _Drain(Drain):
         match.size += 1
         return match
 
-    def _leaf(self, tokens: list[str]):  # noqa: ANN202 - drain3's Node
+    def _leaf(self, tokens: list[str]) -> Node | None:
         """The leaf `tree_search` would search for these tokens (drain3's descent), or None."""
         node = self.root_node.key_to_child_node.get(str(len(tokens)))
         if node is None or not tokens:
@@ -854,21 +856,17 @@ def allocation_hosts(spec: str) -> list[str]:
 
 
 def _expand_hostlist(expr: str) -> list[str]:
-    """Slurm's hostlist syntax, one bracket group per name: "gpu[01-03,07],login1"."""
+    """Slurm's hostlist syntax ("gpu[01-03,07]-ib[1,3],login1"), expanded by python-hostlist one
+    top-level part at a time, so that a huge list stops past `_MAX_ALLOCATION` names (each part is
+    bounded by the library); [] when a part is not a hostlist."""
     names: list[str] = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?([^,\[]*)", expr):
-        prefix, ranges, suffix = m.group(1), m.group(2), m.group(3)
-        if ranges is None:
-            names.append(prefix + suffix)
-            continue
-        for r in ranges.split(","):
-            lo, _, hi = r.partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()):
-                return [expr]  # not a hostlist this reads: left to clean_hostname to refuse
-            for n in range(int(lo), int(hi or lo) + 1):
-                names.append(f"{prefix}{n:0{len(lo)}d}{suffix}")
-                if len(names) > _MAX_ALLOCATION:
-                    return names
+    for part in _HOSTLIST_PART.findall(expr):
+        try:
+            names += hostlist.expand_hostlist(part)
+        except hostlist.BadHostlist:
+            return []
+        if len(names) > _MAX_ALLOCATION:
+            break
     return names
 
 
@@ -880,9 +878,6 @@ def _common_template(templates: list[list[str]]) -> list[str]:
 
 def _covers(general: list[str], tokens: list[str]) -> bool:
     """Whether two templates of one length differ only where one of them has a wildcard (or not at all)."""
-    for g, t in zip(general, tokens):
-        if g != t and g != PARAM and t != PARAM:
-            return False
-    return True
+    return all(g == t or PARAM in (g, t) for g, t in zip(general, tokens))
 
 

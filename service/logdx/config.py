@@ -2,7 +2,8 @@
 
 Precedence (later wins): built-in defaults < the file named by `--config` or `LOGDX_CONFIG`
 (YAML or TOML) < environment variables `LOGDX_<SECTION>__<KEY>` (e.g. `LOGDX_LLM__BACKEND=openai`,
-`LOGDX_SERVER__PORT=8080`). List values in env vars are comma-separated.
+`LOGDX_SERVER__PORT=8080`), read by pydantic-settings. List values in env vars are comma-separated
+(lists of objects, such as `server.tokens`, are JSON).
 
 Three more variables keep their own names: `LOGDX_CONFIG` (the file), `LOGDX_DATA_DIR` (the
 `data_dir` setting: where the database, spools, FAISS index and converted model live unless their
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource
 
 from logdx import yamlsafe
 
@@ -621,38 +624,61 @@ def env_names() -> list[str]:
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    """The settings `env` sets, nested by section; an unknown `LOGDX_*` name is an error that names the
+    nearest valid one (pydantic-settings ignores unknown names: a typo would fall back to a default)."""
     valid = env_names()
+    ours: dict[str, str] = {}
     for name, value in env.items():
-        if name == ENV_DATA_DIR:
-            out["data_dir"] = value
-            continue
-        if not name.startswith(ENV_PREFIX) or name in _OWN_NAMES:
+        if not name.startswith(ENV_PREFIX) or name in _OWN_NAMES - {ENV_DATA_DIR}:
             continue
         if name not in valid:
             raise ConfigError(f"{name}: unknown logdx environment variable{_nearest(name, [*valid, *_OWN_NAMES])}")
-        section, _, key = name[len(ENV_PREFIX):].lower().partition("__")
-        annotation = Settings.model_fields[section].annotation
-        sub = _section_model(annotation)
-        assert sub is not None
-        parsed: Any = value
-        if get_origin(sub.model_fields[key].annotation) is list:
-            if _section_model(sub.model_fields[key].annotation) is not None:  # a list of objects: JSON
-                parsed = _json_list(name, value)
-            else:
-                parsed = [v for v in value.split(",") if v]
-        out.setdefault(section, {})[key] = parsed
-    return out
+        ours[name] = value
+    return _EnvironmentSource(ours)()
 
 
-def _json_list(name: str, value: str) -> list[Any]:
-    try:
-        parsed = json.loads(value)
-    except ValueError as e:
-        raise ConfigError(f"{name}: not a JSON list of objects ({e.args[0][:80]})") from None
-    if not isinstance(parsed, list):
-        raise ConfigError(f"{name}: not a JSON list of objects")
-    return parsed
+class _EnvironmentSource(EnvSettingsSource):
+    """pydantic-settings' reading of `LOGDX_<SECTION>__<KEY>` over a given environment (checked names
+    only), with lists comma-separated and lists of objects (alerts.slack, server.tokens) as JSON."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        super().__init__(_SettingsFields, case_sensitive=False, env_prefix=ENV_PREFIX, env_nested_delimiter="__")
+        # An empty value is left undecoded by pydantic-settings; for a list it means "none".
+        self._empty_lists = [name for name, value in env.items() if not value and _is_list_setting(name)]
+        self.env_vars = {name.lower(): value for name, value in env.items() if name not in self._empty_lists}
+        self._names = {name.rpartition("__")[2].lower(): name for name in env}  # for messages
+
+    def __call__(self) -> dict[str, Any]:
+        values = super().__call__()
+        for name in self._empty_lists:
+            section, _, key = name[len(ENV_PREFIX):].lower().partition("__")
+            values.setdefault(section, {})[key] = []
+        return values
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo | None, value: Any) -> Any:
+        if field is None or get_origin(field.annotation) is not list:
+            return value  # `str | list[str]` (a command) from the environment is the string
+        if _section_model(field.annotation) is None:
+            return [v for v in str(value).split(",") if v]
+        name = self._names.get(field_name, field_name)
+        try:
+            parsed = json.loads(value)
+        except ValueError as e:
+            raise ConfigError(f"{name}: not a JSON list of objects ({e.args[0][:80]})") from None
+        if not isinstance(parsed, list):
+            raise ConfigError(f"{name}: not a JSON list of objects")
+        return parsed
+
+
+class _SettingsFields(BaseSettings, Settings):  # type: ignore[misc]
+    """`Settings`' fields as pydantic-settings reads them (never instantiated: `Settings` stays a plain
+    model, so `Settings()` reads no environment)."""
+
+
+def _is_list_setting(name: str) -> bool:
+    section, _, key = name[len(ENV_PREFIX):].lower().partition("__")
+    sub = _section_model(Settings.model_fields[section].annotation) if section in Settings.model_fields else None
+    return sub is not None and key in sub.model_fields and get_origin(sub.model_fields[key].annotation) is list
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> None:

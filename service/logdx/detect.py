@@ -11,19 +11,19 @@ import re
 from dataclasses import dataclass, field
 
 from logdx.config import DetectSettings
-from logdx.model import CompressionSummary, Event, Frame, KeptLine, Record
 from logdx.flightrec.frtext import parse_fr_trace_text
-from logdx.stacks import classify_line
+from logdx.model import CompressionSummary, Event, Frame, KeptLine, Record
 from logdx.patterns import (
     CHAINED,
+    GLUED_EXCEPTION,
     ORIGINAL_TRACEBACK,
     TRACEBACK_START,
-    GLUED_EXCEPTION,
     exception_line,
     is_traceback_body,
     strip_traceback_prefix,
     traceback_prefix,
 )
+from logdx.stacks import classify_line
 
 _FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>\S+))?')
 _RICH_PATH = re.compile(r"(?P<path>(?:[A-Za-z]:)?[/\\~][^\s│:]*\.py):(?P<line>\d+)?(?: in (?P<func>[\w<>]+))?")

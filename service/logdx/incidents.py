@@ -413,10 +413,6 @@ class IncidentStore:
         row = self.db.query("SELECT report FROM reports WHERE id = ?", (report_id,))
         return json.loads(row[0]["report"]) if row else None
 
-    def report_feedback(self, report_id: str) -> dict[str, Any] | None:
-        row = self.db.query("SELECT feedback FROM reports WHERE id = ?", (report_id,))
-        return json.loads(row[0]["feedback"]) if row and row[0]["feedback"] else None
-
     def feedback(
         self,
         report_id: str,

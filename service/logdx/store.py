@@ -84,17 +84,6 @@ class Database:
             self._conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
             self._conn.execute("PRAGMA foreign_keys=ON")
 
-    @classmethod
-    def adopt(cls, conn: sqlite3.Connection) -> Database:
-        """Use a connection someone else opened (with `isolation_level=None`, as ours) as a Database:
-        same lock discipline and transactions; its pragmas and row factory are left as they are."""
-        db = cls.__new__(cls)
-        db.path = "<adopted>"
-        db._conn = conn
-        db.lock = threading.RLock()
-        db._in_tx = False
-        return db
-
     @property
     def connection(self) -> sqlite3.Connection:
         """The raw connection; hold ``lock`` while using it."""

@@ -144,11 +144,6 @@ class ProgressShape:
     loss_series: bool = False  # says something of the loss (read from one source only)
     time_series: bool = False  # says the step time (read from one source only)
 
-    @property
-    def has_loss(self) -> bool:
-        return any(f == "loss" for f, _ in self.fields) or any(f == "loss" for f, _ in self.consts)
-
-
 def progress_shape_of(text: str) -> ProgressShape | None:
     """How to read progress from lines shaped like `text` (None: they are not progress lines)."""
     low = text.lower()

@@ -318,12 +318,6 @@ class NodeBook:
             recent=[Blame(**dict(e)) for e in events[:recent]],
         )
 
-    def other_jobs_blaming(self, node: NodeName, job_id: str) -> Sequence[str]:
-        rows = self.db.query("SELECT DISTINCT job_id FROM node_events WHERE node = ? AND job_id != ? ORDER BY job_id",
-                             (node.key, job_id))
-        return [r["job_id"] for r in rows]
-
-
 def _rule_matches(rule: EscalationRule, xid: int | None, failure_type: str) -> bool:
     if rule.xid is not None:
         return xid == rule.xid

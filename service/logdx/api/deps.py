@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 
@@ -45,7 +45,7 @@ def ready_engine(services: Services, checks: dict[str, Check]) -> Engine:
     waiting = Readiness.waiting_for(checks)
     if services.engine is not None and not waiting:
         return services.engine
-    details = {"waiting_for": waiting, "checks": {name: c.to_json() for name, c in checks.items()}}
+    details: dict[str, Any] = {"waiting_for": waiting, "checks": {name: c.to_json() for name, c in checks.items()}}
     if services.startup_error:
         raise ApiError(503, "not_ready", f"the engine failed to start: {services.startup_error}", **details)
     if not waiting:  # the parts are loaded; the engine is being attached

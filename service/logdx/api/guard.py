@@ -5,7 +5,8 @@ any route runs (and before any per-request metric series exists):
 
 - **Host** (DNS rebinding): a page at `http://evil.example` whose name is re-pointed at 127.0.0.1
   sends `Host: evil.example`. Only the bind address, `localhost`, loopback addresses,
-  `server.allowed_hosts` and, on a wildcard bind, IP addresses and the machine's name are answered.
+  `server.allowed_hosts` and, on a wildcard bind, IP addresses and the machine's name are answered
+  (names are matched by Starlette's `TrustedHostMiddleware`).
 - **Origin** (cross-site requests): a request from a page of any origin but the service's own or
   `server.allowed_origins` is refused.
 - **Browser-simple writes**: a POST that a page can send without a CORS preflight (a form or
@@ -23,11 +24,11 @@ import ipaddress
 import re
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from logdx.api.errors import error_response
 from logdx.config import ServerSettings
@@ -42,15 +43,15 @@ REFUSAL_REASONS = ("method", "host", "origin", "simple_request")
 _HOST_CHARS = re.compile(r"[A-Za-z0-9._-]+(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
 
 
-@dataclass(frozen=True)
 class HostPolicy:
-    """The Host names this service answers to."""
+    """The Host names this service answers to. Names are judged by Starlette's `TrustedHostMiddleware`
+    (exact names, `*.example.com`, `*`); IP addresses here, since it has no rule for "any loopback
+    address" or "any address on a wildcard bind". The refusal is ours (a JSON body, a counted reason)."""
 
-    names: frozenset[str]
-    suffixes: tuple[str, ...]  # "*.example.com" -> ".example.com"
-    any_name: bool
-    any_ip: bool
-    ips: frozenset[str]
+    def __init__(self, patterns: list[str], any_ip: bool, ips: frozenset[str]) -> None:
+        self.any_ip = any_ip
+        self.ips = ips
+        self._names = TrustedHostMiddleware(_host_allowed, allowed_hosts=patterns, www_redirect=False)
 
     @classmethod
     def from_settings(cls, server: ServerSettings) -> HostPolicy:
@@ -65,17 +66,40 @@ class HostPolicy:
         if wildcard:
             names.add(socket.gethostname().lower())
         allowed = [h.strip().lower().rstrip(".") for h in server.allowed_hosts if h.strip()]
-        names.update(h for h in allowed if not h.startswith("*"))
-        suffixes = tuple(h[1:] for h in allowed if h.startswith("*."))
-        return cls(frozenset(names), suffixes, "*" in allowed, wildcard, frozenset(ips))
+        # Starlette's patterns: a name, "*.suffix" or "*" (anything else with a "*" never names a host)
+        patterns = sorted(names) + [h for h in allowed if "*" not in h or h == "*" or
+                                    (h.startswith("*.") and "*" not in h[1:])]
+        return cls(patterns, wildcard, frozenset(ips))
 
     def allows(self, host: str) -> bool:
         """`host` is a Host header's name part (no port), lower case."""
         ip = _ip(host)
         if ip is not None:
             return self.any_ip or ip.is_loopback or str(ip) in self.ips
-        name = host.rstrip(".")
-        return self.any_name or name in self.names or any(name.endswith(s) for s in self.suffixes)
+        scope: Scope = {"type": "http", "headers": [(b"host", host.rstrip(".").encode())]}
+        # The middleware awaits nothing but `_host_allowed` or its refusal into `_discard`: it finishes
+        # on the first step, so it is run here without an event loop.
+        step = self._names(scope, _no_body, _discard)
+        try:
+            step.send(None)
+        except StopIteration:
+            pass
+        else:  # pragma: no cover - it never suspends
+            step.close()
+            return False
+        return bool(scope.get("logdx.host_allowed"))
+
+
+async def _host_allowed(scope: Scope, _receive: Receive, _send: Send) -> None:
+    scope["logdx.host_allowed"] = True
+
+
+async def _no_body() -> Message:
+    return {"type": "http.disconnect"}
+
+
+async def _discard(_message: Message) -> None:
+    return None
 
 
 def split_host(value: str) -> tuple[str, int | None] | None:

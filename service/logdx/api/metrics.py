@@ -111,5 +111,5 @@ class Metrics:
 
     def render(self) -> bytes:
         if self.const_labels:
-            return generate_latest(_Labelled(self.registry, self.const_labels))  # type: ignore[arg-type]
+            return generate_latest(_Labelled(self.registry, self.const_labels))
         return generate_latest(self.registry)

@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from logdx.faces import EXIT_OK, EXIT_USAGE, UsageError, add_engine_args, settings_from
 
@@ -23,7 +23,7 @@ class ServeError(Exception):
     """A configuration that must not start (e.g. a public address without a token)."""
 
 
-def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `serve` on the `logdx` subcommands."""
     p = sub.add_parser("serve", help="run the HTTP service (log ingestion, diagnosis, alerts)",
                        description="Run the logdx HTTP service. Settings come from the config file and "
@@ -119,7 +119,7 @@ def serve(settings: Settings, log_level: str = "info") -> int:
     s = settings.server
     check_bind(s)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    common = dict(host=s.host, port=s.port, log_level=log_level, access_log=s.access_log, server_header=False,
+    common: dict[str, Any] = dict(host=s.host, port=s.port, log_level=log_level, access_log=s.access_log, server_header=False,
                   timeout_graceful_shutdown=30, proxy_headers=False)
     if s.workers > 1:
         # Worker processes import the app by name; they get the effective settings through the

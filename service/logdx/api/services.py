@@ -29,7 +29,7 @@ from logdx.api.auth import Authenticator, Tenants
 from logdx.api.background import Actor, Effect
 from logdx.api.guard import REFUSAL_REASONS
 from logdx.api.jobs import Job, JobManager
-from logdx.api.jobs_cluster import ClusterJobManager
+from logdx.api.jobs_cluster import ClusterCoordinator
 from logdx.api.metrics import Metrics
 from logdx.api.quotas import JobQuota
 from logdx.api.readiness import Component, Readiness
@@ -106,9 +106,10 @@ class Services:
         return check if isinstance(check, Component) else None
 
     @property
-    def cluster(self) -> ClusterJobManager | None:
-        """The jobs of a cluster (bus.url set), or None for the embedded single process."""
-        return self.jobs if isinstance(self.jobs, ClusterJobManager) else None
+    def cluster(self) -> ClusterCoordinator | None:
+        """The coordinator of a cluster (bus.url set), or None for the embedded single process."""
+        coord = self.jobs.coord
+        return coord if isinstance(coord, ClusterCoordinator) else None
 
     @property
     def acts(self) -> bool:
@@ -277,5 +278,5 @@ def _job_manager(settings: Settings, db: Store, incidents: IncidentStore, metric
     s = settings.server
     url = s.public_url or f"http://{s.host}:{s.port}"
     ownership = Ownership(db, replica, s.role, settings.bus.partitions, settings.bus.lease_s, url=url)
-    return ClusterJobManager(settings, db, incidents, metrics, open_bus(settings.bus, name=f"logdx-{replica}"),
-                             ownership)
+    bus = open_bus(settings.bus, name=f"logdx-{replica}")
+    return JobManager(settings, db, incidents, metrics, lambda jobs: ClusterCoordinator(jobs, bus, ownership))

@@ -9,7 +9,7 @@ spooled and applied when it is ready.
 
 With a line bus (`bus.url`) the same calls of the job manager publish the pieces and the commit to
 NATS JetStream instead of the spool file, and the answer waits for JetStream's acknowledgement
-(`jobs_cluster.ClusterJobManager`); the job's owner, maybe another replica, applies them.
+(`bus_ingest.BusIngest`); the job's owner, maybe another replica, applies them.
 """
 
 from __future__ import annotations

@@ -297,10 +297,6 @@ class Ownership:
         value = self.db.query_value("SELECT lines FROM bus_job_acks WHERE job_id = ?", (job_id,))
         return None if value is None else int(value)
 
-    def note_applied(self, partition: int, epoch: int, seq: int) -> None:
-        self.db.execute("UPDATE bus_partitions SET applied_seq = ? WHERE partition = ? AND owner = ? AND epoch = ?",
-                        (seq, partition, self.replica, epoch))
-
     def job_state(self, job_id: str) -> JobState | None:
         row = self.db.query("SELECT seq, session, bus_state FROM job_sessions WHERE job_id = ?", (job_id,))
         if not row:

@@ -26,7 +26,7 @@ from typing import BinaryIO
 from logdx.config import InputSettings
 from logdx.faces import UsageError
 from logdx.hosts import clean_hostname
-from logdx.normalize import InputError, Normalizer, Source, iter_lines, open_input
+from logdx.normalize import InputError, Normalizer, Source, open_input
 
 __all__ = ["LineMap", "LogFile", "collect", "merged_lines", "name_of"]
 
@@ -150,11 +150,6 @@ class LineMap:
         if i < 0:
             return None
         return self.files[self._file[i]], self._first[i] + merged_line - self._starts[i]
-
-
-def _text_lines(f: BinaryIO, source: Source | None, max_line_bytes: int) -> Iterator[tuple[bytes, Source | None]]:
-    for line in iter_lines(f, max_line_bytes):
-        yield line, source
 
 
 def _timed(pairs: Iterator[tuple[bytes, Source | None]], index: int, max_line_bytes: int,

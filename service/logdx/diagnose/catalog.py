@@ -174,12 +174,6 @@ class Catalog:
         i = self._by_id.get(entry_id)
         return self.entries[i] if i is not None else None
 
-    def for_exception(self, name: str) -> list[CatalogEntry]:
-        """Entries raised as this class (`ArrowInvalid` or `pyarrow.lib.ArrowInvalid`)."""
-        short = name.rpartition(".")[2]
-        return [e for e in self.entries if e.exception_name == short
-                and ("." not in name or not e.qualified or e.qualified == name)]
-
     # ---- matching --------------------------------------------------------------------------------
 
     def match(self, line: str, exception_type: str | None = None, limit: int = 5) -> list[CatalogHit]:

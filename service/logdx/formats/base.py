@@ -120,10 +120,6 @@ class Batch:
             self.refuse(reason, n)
         return self
 
-    @property
-    def refused_total(self) -> int:
-        return sum(self.refused.values())
-
     def by_job(self) -> dict[str | None, list[tuple[Source, list[bytes]]]]:
         out: dict[str | None, list[tuple[Source, list[bytes]]]] = {}
         for job, source, lines in self.runs:

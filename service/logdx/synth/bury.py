@@ -266,6 +266,36 @@ _SALT = "bury"
 _MAX_STAMP_SPAN_S = 6 * 3600.0
 
 
+def _check_bury_args(real_lines: list[str], phase: str, style: str, flavour: str, ranks: int, gpus_per_host: int,
+                     culprit_rank: int | None) -> None:
+    if phase not in ("training", "startup", "launch"):
+        raise ValueError("phase must be 'training', 'startup' or 'launch'")
+    if not real_lines:
+        raise ValueError("nothing to bury: real_lines is empty")
+    if any("\n" in line for line in real_lines):
+        raise ValueError("real_lines must be single lines (no '\\n')")
+    check_job_shape(style, flavour, ranks, gpus_per_host)
+    if culprit_rank is not None and not 0 <= culprit_rank < ranks:
+        raise ValueError(f"culprit_rank must be in [0, {ranks})")
+
+
+def _cascade(job: Job, burst: Burst, real_lines: list[str], culprit_rank: int, t0: float, t_end: float,
+             phase: str) -> None:
+    """What follows the culprit's failure: peers notice, the survivors time out, the launchers reap."""
+    rng = job.rng
+    fates = {culprit_rank: Fate(t_end + rng.uniform(0.01, 0.3), _exitcode(real_lines))}
+    if phase == "training":  # at start-up nobody is in a collective yet: the launchers just reap
+        if rng.random() < 0.5:
+            _peers_notice(job, burst, fates, culprit_rank)
+        timeout_s = job.nccl_timeout_ms / 1000.0
+        if rng.random() < 0.5:  # the others have waited in the collective for a while already
+            t_stuck = t0 - rng.uniform(0.0, 0.97) * timeout_s
+        else:  # they enter the collective the culprit never joins just after it fails
+            t_stuck = t0 + rng.uniform(0.0, 0.5)
+        time_out_survivors(job, burst, fates, t_stuck, job.seq + 1)
+    end_job(job, burst, fates)
+
+
 def bury(
     real_lines: list[str],
     out: TextIO,
@@ -295,17 +325,9 @@ def bury(
     ``healthy`` is for excerpts of runs that went on: no cascade; training resumes after the real lines
     and the job ends well (exit code 0). ``nccl_debug=False`` leaves out the NCCL INFO init lines;
     ``without`` leaves the named noise families out (to measure what one of them costs)."""
-    if phase not in ("training", "startup", "launch"):
-        raise ValueError("phase must be 'training', 'startup' or 'launch'")
+    _check_bury_args(real_lines, phase, style, flavour, ranks, gpus_per_host, culprit_rank)
     if healthy:
         cascade = False
-    if not real_lines:
-        raise ValueError("nothing to bury: real_lines is empty")
-    if any("\n" in line for line in real_lines):
-        raise ValueError("real_lines must be single lines (no '\\n')")
-    check_job_shape(style, flavour, ranks, gpus_per_host)
-    if culprit_rank is not None and not 0 <= culprit_rank < ranks:
-        raise ValueError(f"culprit_rank must be in [0, {ranks})")
     real_lines = list(real_lines)
     kinds = [classify(line) if prefix_real else BARE for line in real_lines]
     args = dict(name=_SALT, seed=seed, ranks=ranks, gpus_per_host=gpus_per_host, lines=lines, style=style,
@@ -374,17 +396,7 @@ def bury(
                 q.say(text)
 
     if cascade:
-        fates = {culprit_rank: Fate(t_end + rng.uniform(0.01, 0.3), _exitcode(real_lines))}
-        if phase == "training":  # at start-up nobody is in a collective yet: the launchers just reap
-            if rng.random() < 0.5:
-                _peers_notice(job, burst, fates, culprit_rank)
-            timeout_s = job.nccl_timeout_ms / 1000.0
-            if rng.random() < 0.5:  # the others have waited in the collective for a while already
-                t_stuck = t0 - rng.uniform(0.0, 0.97) * timeout_s
-            else:  # they enter the collective the culprit never joins just after it fails
-                t_stuck = t0 + rng.uniform(0.0, 0.5)
-            time_out_survivors(job, burst, fates, t_stuck, job.seq + 1)
-        end_job(job, burst, fates)
+        _cascade(job, burst, real_lines, culprit_rank, t0, t_end, phase)
     marks: dict[object, int] = {}
     job.now = burst.drain(job.sink, marks)
     if healthy:

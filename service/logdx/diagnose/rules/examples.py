@@ -9,8 +9,6 @@ from logdx.model import Event, Record
 from logdx.patterns import exception_line
 
 
-
-
 def example_event(text: str, rule: Rule | None = None) -> Event:
     """An event made of one example (several lines when it holds newlines).
 

@@ -7,7 +7,7 @@ import os
 import re
 import string
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from logdx.diagnose.rules.compiled import EXCEPTION_MARKERS, OriginConfig, Rule,
 from logdx.diagnose.rules.examples import check_examples
 from logdx.diagnose.rules.keywords import pattern_problem, rule_literals
 from logdx.diagnose.rules.matcher import RuleSet
-from logdx.diagnose.rules.spec import KNOWN_KINDS, LabelSpec, OriginSpec, PackSpec, RuleSpec
+from logdx.diagnose.rules.spec import KNOWN_KINDS, LabelSpec, MatchSpec, OriginSpec, PackSpec, RuleSpec
 from logdx.model import Action, Category, Label, Role
 from logdx.taxonomy import category_of, default_action, make_label
 
@@ -263,6 +263,66 @@ def _make_label(category: str, failure_type: str, action: str | None) -> tuple[L
         return None, str(e)
 
 
+def _by_origin_labels(spec: RuleSpec, where: Callable[..., str], problems: list[str]) -> dict[str, Label | None]:
+    """The labels of a rule whose verdict depends on whose code raised (user or library)."""
+    assert spec.by_origin is not None
+    if spec.category is not None or spec.failure_type is not None or spec.action is not None:
+        problems.append(f"{where('by_origin')}: give either category/failure_type/action or by_origin, not both")
+    by_origin: dict[str, Label | None] = {}
+    for which in ("user", "library"):
+        ls: LabelSpec | str = getattr(spec.by_origin, which)
+        if ls == "owner":
+            by_origin[which] = None
+            continue
+        assert isinstance(ls, LabelSpec)
+        lab, err = _make_label(ls.category, ls.failure_type, ls.action)
+        if err:
+            problems.append(f"{where('by_origin', which, 'failure_type')}: {err}")
+        elif lab is not None:
+            by_origin[which] = lab
+    if not spec.match.exceptions and spec.match.kinds != ["traceback"]:
+        problems.append(f"{where('by_origin')}: by_origin needs match.exceptions (or kinds: [traceback])")
+    return by_origin
+
+
+def _rule_label(spec: RuleSpec, where: Callable[..., str], problems: list[str]) -> Label | None:
+    if spec.category is None:
+        problems.append(f"{where()}: missing field 'category' (or by_origin)")
+    if spec.failure_type is None:
+        problems.append(f"{where()}: missing field 'failure_type' (or by_origin)")
+    if spec.category is None or spec.failure_type is None:
+        return None
+    label, err = _make_label(spec.category, spec.failure_type, spec.action)
+    if err:
+        problems.append(f"{where('failure_type')}: {err}")
+    return label
+
+
+def _match_regexes(m: MatchSpec, where: Callable[..., str], problems: list[str]) -> tuple[list[re.Pattern[str]], list[re.Pattern[str]]]:
+    """The compiled `patterns` and `unless` of a rule's match (bad ones are problems)."""
+    if not m.patterns and not m.exceptions and not m.kinds:
+        problems.append(f"{where('match')}: match needs patterns, exceptions or kinds")
+    patterns = []
+    for i, src in enumerate(m.patterns):
+        pat = _compile_regex(src, where("match", "patterns", i), problems)
+        if pat is not None and pattern_problem(src):
+            problems.append(f"{where('match', 'patterns', i)}: {pattern_problem(src)} in {src!r}")
+        elif pat is not None:
+            patterns.append(pat)
+    unless = [u for i, src in enumerate(m.unless) if (u := _compile_regex(src, where("match", "unless", i), problems))]
+    return patterns, unless
+
+
+def _check_match_names(m: MatchSpec, where: Callable[..., str], problems: list[str]) -> None:
+    """Event kinds and exception names a match lists exist (or look like exception types)."""
+    for i, k in enumerate(m.kinds or []):
+        if k not in KNOWN_KINDS:
+            problems.append(f"{where('match', 'kinds', i)}: unknown event kind '{k}' (known: {', '.join(sorted(KNOWN_KINDS))})")
+    for i, e in enumerate(m.exceptions or []):
+        if e not in EXCEPTION_MARKERS and not re.fullmatch(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*", e):
+            problems.append(f"{where('match', 'exceptions', i)}: not an exception type name: {e!r}")
+
+
 def _compile_rule(
     spec: RuleSpec, pack: str, shown: str, lines: _Lines, rpath: tuple[Any, ...], order: int, problems: list[str]
 ) -> Rule | None:
@@ -274,50 +334,12 @@ def _compile_rule(
     label: Label | None = None
     by_origin: dict[str, Label | None] | None = None
     if spec.by_origin is not None:
-        if spec.category is not None or spec.failure_type is not None or spec.action is not None:
-            problems.append(f"{where('by_origin')}: give either category/failure_type/action or by_origin, not both")
-        by_origin = {}
-        for which in ("user", "library"):
-            ls: LabelSpec | str = getattr(spec.by_origin, which)
-            if ls == "owner":
-                by_origin[which] = None
-                continue
-            assert isinstance(ls, LabelSpec)
-            lab, err = _make_label(ls.category, ls.failure_type, ls.action)
-            if err:
-                problems.append(f"{where('by_origin', which, 'failure_type')}: {err}")
-            elif lab is not None:
-                by_origin[which] = lab
-        if not spec.match.exceptions and spec.match.kinds != ["traceback"]:
-            problems.append(f"{where('by_origin')}: by_origin needs match.exceptions (or kinds: [traceback])")
+        by_origin = _by_origin_labels(spec, where, problems)
     else:
-        if spec.category is None:
-            problems.append(f"{where()}: missing field 'category' (or by_origin)")
-        if spec.failure_type is None:
-            problems.append(f"{where()}: missing field 'failure_type' (or by_origin)")
-        if spec.category is not None and spec.failure_type is not None:
-            label, err = _make_label(spec.category, spec.failure_type, spec.action)
-            if err:
-                problems.append(f"{where('failure_type')}: {err}")
-
+        label = _rule_label(spec, where, problems)
     m = spec.match
-    if not m.patterns and not m.exceptions and not m.kinds:
-        problems.append(f"{where('match')}: match needs patterns, exceptions or kinds")
-    patterns = []
-    for i, src in enumerate(m.patterns):
-        pat = _compile_regex(src, where("match", "patterns", i), problems)
-        if pat is not None and pattern_problem(src):
-            problems.append(f"{where('match', 'patterns', i)}: {pattern_problem(src)} in {src!r}")
-        elif pat is not None:
-            patterns.append(pat)
-    unless = [u for i, src in enumerate(m.unless) if (u := _compile_regex(src, where("match", "unless", i), problems))]
-    if m.kinds is not None:
-        for i, k in enumerate(m.kinds):
-            if k not in KNOWN_KINDS:
-                problems.append(f"{where('match', 'kinds', i)}: unknown event kind '{k}' (known: {', '.join(sorted(KNOWN_KINDS))})")
-    for i, e in enumerate(m.exceptions or []):
-        if e not in EXCEPTION_MARKERS and not re.fullmatch(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*", e):
-            problems.append(f"{where('match', 'exceptions', i)}: not an exception type name: {e!r}")
+    patterns, unless = _match_regexes(m, where, problems)
+    _check_match_names(m, where, problems)
     hint_err = hint_problem(spec.hint)
     if hint_err:
         problems.append(f"{where('hint')}: {hint_err}")
