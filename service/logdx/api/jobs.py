@@ -53,6 +53,7 @@ from logdx.model import FailureContext, TemplateStats
 from logdx.normalize import Source
 from logdx.pipeline import Engine, Session
 from logdx.store import Database, migrate
+from logdx.web.store import JobViews
 
 log = logging.getLogger("logdx.api")
 
@@ -255,6 +256,7 @@ class JobManager:
         self._jobs: dict[str, Job] = {}
         self._registry_lock = threading.Lock()
         self.history = AttemptHistory(db)
+        self.views = JobViews(db)  # the job pages (logdx.web)
         self.timer = Timer(self._scheduled_diagnosis).start()
         self.hang_timer = Timer(self._hang_tick, name="logdx-hangs").start()
         self.hang_timer.schedule("hangs", settings.hangs.check_interval_s)
@@ -692,6 +694,7 @@ class JobManager:
                 conn.execute("UPDATE api_jobs SET last_report_id = ?, updated_at = ? WHERE job_id = ?",
                              (report.id, now, job.id))
         job.diagnosis_key, job.last_report_id = key, report.id
+        self.views.save_from(job.id, report, job.session)
         self.metrics.reports.labels(kind, report.status, report.category or "none").inc()
         if changed and report.status == "failed" and key != job.acted_key and self.actor is not None:
             self.actor.submit(self._effect(job, report, key))
