@@ -31,11 +31,12 @@ from logdx.web.render import (
     Done,
     NodeHistory,
     Viewer,
-    render_job_page,
+    render_job_body,
     render_jobs_page,
     render_login_page,
+    render_page,
 )
-from logdx.web.view import JobView, view_from_report
+from logdx.web.view import MAX_TEMPLATES, view_from_report
 
 __all__ = ["pages_router", "static_files", "STATIC_PREFIX"]
 
@@ -45,7 +46,7 @@ _LIST_LIMIT = 200
 # The page loads only what this server sends; inline styles place the timeline's markers.
 _CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
         "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
-_HEADERS = {"Content-Security-Policy": _CSP, "Cache-Control": "no-store", "Referrer-Policy": "no-referrer",
+_HEADERS = {"Content-Security-Policy": _CSP, "Cache-Control": "no-store", "Referrer-Policy": "same-origin",
             "X-Content-Type-Options": "nosniff"}
 
 
@@ -104,22 +105,29 @@ def job_page(job_id: str, request: Request, services: ServicesDep) -> Response:
     if job is None:
         raise ApiError(404, "job_not_found", f"no job {job_id!r}")
     services.tenants.check(principal, job_id)
-    view = _view_of(services, job_id)
-    return _html(render_job_page(view, _done(services, job_id, view.report), _viewer(request, services, principal)))
+    report, body = _body_of(services, job_id)
+    return _html(render_page(job_id, report, body, _done(services, job_id, report),
+                             _viewer(request, services, principal)))
 
 
-def _view_of(services: Services, job_id: str) -> JobView:
-    """The stored view of the job's latest report; drawn from the report alone when there is none
-    (a job diagnosed by another version of logdx)."""
-    view = services.jobs.views.get(job_id)
+def _body_of(services: Services, job_id: str) -> tuple[Report, str]:
+    """The job's latest report and its page's log part, as rendered when it was diagnosed; drawn again
+    from the stored view, or from the report alone, when there is none (another version of logdx)."""
     report_id = services.db.query_value("SELECT last_report_id FROM api_jobs WHERE job_id = ?", (job_id,))
-    if view is not None and view.report.id == report_id:
-        return view
     report = services.jobs.get_report(report_id or "")
     if report is None:
         raise ApiError(409, "no_diagnosis_yet",
                        f"job {job_id} has no diagnosis yet: its page comes with the first (GET /v1/jobs/{job_id})")
-    return view_from_report(job_id, report, services.jobs.templates(services.jobs.get(job_id), 400, False))  # type: ignore[arg-type]
+    views = services.jobs.views
+    body = views.body(job_id, report.id)
+    if body is not None:
+        return report, body
+    view = views.get(job_id)
+    if view is None or view.report.id != report.id:
+        job = services.jobs.get(job_id)
+        assert job is not None
+        view = view_from_report(job_id, report, services.jobs.templates(job, MAX_TEMPLATES, False))
+    return report, render_job_body(view)
 
 
 def _done(services: Services, job_id: str, report: Report) -> Done:

@@ -19,8 +19,9 @@ from markupsafe import Markup
 from pydantic import BaseModel, Field
 
 from logdx.act.render import recommended_action
+from logdx.act.report import Report
 from logdx.taxonomy import taxonomy
-from logdx.web.view import HostLane, JobView, RankRow, ViewEvent
+from logdx.web.view import JobView, RankRow, ViewEvent
 
 STATIC_DIR = Path(__file__).with_name("static")
 TEMPLATES_DIR = Path(__file__).with_name("templates")
@@ -89,19 +90,31 @@ def _static_text(name: str) -> str:
     return (STATIC_DIR / name).read_text(encoding="utf-8")
 
 
+def render_job_body(view: JobView) -> str:
+    """The part of the page drawn from the log (verdict, timeline, curves, root in context, evidence,
+    templates): the same for every reader, so the service renders it once per diagnosis."""
+    report = view.report
+    return _env().get_template("job_body.html.j2").render(
+        view=view, report=report, recommended=recommended_action(report),
+        corroboration=corroboration_words(view),
+        lanes=_lane_rows(view), axis=_axis(view), cascade=_cascade_summary(view.events),
+        sources=sorted({e.source.split(":", 1)[0] for e in report.evidence}),
+        data=Markup(_json_for_script(_curves(view))),
+    )
+
+
 def render_job_page(view: JobView, done: Done, viewer: Viewer | None = None, *, inline: bool = False) -> str:
     """The job page; `inline`: one file with every script and style inside (the CLI's `--html`)."""
-    report = view.report
+    return render_page(view.job_id, view.report, render_job_body(view), done, viewer, inline=inline)
+
+
+def render_page(job_id: str, report: Report, body: str, done: Done, viewer: Viewer | None = None, *,
+                inline: bool = False) -> str:
+    """The job page around its log part (`body`, from `render_job_body`): what was done, feedback."""
     return _env().get_template("job.html.j2").render(
-        view=view, report=report, done=done, viewer=viewer or Viewer(), inline=inline,
-        assets=_assets(inline), title=f"logdx: {view.job_id}",
-        recommended=recommended_action(report),
-        corroboration=corroboration_words(view),
-        lanes=[_lane_rows(lane, view) for lane in view.lanes],
-        axis=_axis(view), cascade=_cascade_summary(view.events),
-        sources=sorted({e.source.split(":", 1)[0] for e in report.evidence}),
-        failure_types={c.value: list(ts) for c, ts in taxonomy().by_category().items()},
-        data=Markup(_json_for_script(_curves(view))),
+        job_id=job_id, report=report, done=done, viewer=viewer or Viewer(), inline=inline,
+        assets=_assets(inline), title=f"logdx: {job_id}", recommended=recommended_action(report),
+        body=Markup(body), failure_types={c.value: list(ts) for c, ts in taxonomy().by_category().items()},
     )
 
 
@@ -162,17 +175,24 @@ def _pos(view: JobView, line_no: int | None) -> float:
     return round(min(100.0, max(0.0, 100.0 * (line_no - 1) / max(1, view.lines - 1))), 3)
 
 
-def _lane_rows(lane: HostLane, view: JobView) -> dict[str, Any]:
-    """A host's lane: a row per rank (its progress, where it stopped, its events), then a row for
+def _lane_rows(view: JobView) -> list[dict[str, Any]]:
+    """Each host's lane: a row per rank (its progress, where it stopped, its events), and a row for
     the lines of the host that named no rank."""
-    by_row: dict[tuple[str, int | None], list[ViewEvent]] = {}
+    by_rank: dict[int, list[ViewEvent]] = {}
+    by_host: dict[str, list[ViewEvent]] = {}
     for ev in view.events:
-        by_row.setdefault(((ev.host or "") if ev.rank is None else "", ev.rank), []).append(ev)
-    rank_rows = [_rank_row(r, by_row.get(("", r.rank), []) if r.rank is not None else [], view) for r in lane.ranks]
-    host_events = by_row.get((lane.host, None), [])
-    return {"host": lane.host, "culprit": lane.culprit, "rows": rank_rows,
-            "host_events": [_marker(e, view) for e in host_events],
-            "root": any(e.role == "root" for e in host_events) or any(r["root"] for r in rank_rows)}
+        if ev.rank is not None:
+            by_rank.setdefault(ev.rank, []).append(ev)
+        else:
+            by_host.setdefault(ev.host or "", []).append(ev)
+    lanes = []
+    for lane in view.lanes:
+        rows = [_rank_row(r, by_rank.get(r.rank, []) if r.rank is not None else [], view) for r in lane.ranks]
+        host_events = by_host.get(lane.host, [])
+        lanes.append({"host": lane.host, "culprit": lane.culprit, "rows": rows,
+                      "host_events": [_marker(e, view) for e in host_events],
+                      "root": any(e.role == "root" for e in host_events) or any(r["root"] for r in rows)})
+    return lanes
 
 
 def _rank_row(row: RankRow, events: list[ViewEvent], view: JobView) -> dict[str, Any]:

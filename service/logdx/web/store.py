@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from logdx.store import Store, migrate
+from logdx.web.render import render_job_body
 from logdx.web.view import VIEW_VERSION, JobView, build_view
 
 if TYPE_CHECKING:
@@ -24,7 +25,9 @@ MIGRATIONS = [
         job_id     TEXT PRIMARY KEY,
         report_id  TEXT NOT NULL,
         created_at REAL NOT NULL,
-        view       TEXT NOT NULL
+        version    INTEGER NOT NULL,
+        view       TEXT NOT NULL,
+        body       TEXT NOT NULL
     );
     """,
 ]
@@ -34,7 +37,9 @@ PG_MIGRATIONS = [
         job_id     TEXT PRIMARY KEY,
         report_id  TEXT NOT NULL,
         created_at DOUBLE PRECISION NOT NULL,
-        view       TEXT NOT NULL
+        version    INTEGER NOT NULL,
+        view       TEXT NOT NULL,
+        body       TEXT NOT NULL
     );
     """,
 ]
@@ -58,10 +63,12 @@ class JobViews:
             log.exception("job %s: could not build its page", job_id)
 
     def save(self, view: JobView) -> None:
+        """The view, and the page's log part rendered from it (what every GET of the page reuses)."""
         self.db.execute(
-            "INSERT INTO web_job_views(job_id, report_id, created_at, view) VALUES (?,?,?,?) ON CONFLICT(job_id)"
-            " DO UPDATE SET report_id = excluded.report_id, created_at = excluded.created_at, view = excluded.view",
-            (view.job_id, view.report.id, time.time(), view.model_dump_json()))
+            "INSERT INTO web_job_views(job_id, report_id, created_at, version, view, body) VALUES (?,?,?,?,?,?)"
+            " ON CONFLICT(job_id) DO UPDATE SET report_id = excluded.report_id, created_at = excluded.created_at,"
+            " version = excluded.version, view = excluded.view, body = excluded.body",
+            (view.job_id, view.report.id, time.time(), VIEW_VERSION, view.model_dump_json(), render_job_body(view)))
 
     def get(self, job_id: str) -> JobView | None:
         raw = self.db.query_value("SELECT view FROM web_job_views WHERE job_id = ?", (job_id,))
@@ -72,6 +79,12 @@ class JobViews:
         except ValidationError:  # written by another version of logdx: drawn from the report alone
             return None
         return view if view.version == VIEW_VERSION else None
+
+    def body(self, job_id: str, report_id: str) -> str | None:
+        """The rendered log part of the page of this report, when this version of logdx rendered it."""
+        rows = self.db.query("SELECT body FROM web_job_views WHERE job_id = ? AND report_id = ? AND version = ?",
+                             (job_id, report_id, VIEW_VERSION))
+        return str(rows[0]["body"]) if rows else None
 
     def forget(self, job_id: str) -> None:
         self.db.execute("DELETE FROM web_job_views WHERE job_id = ?", (job_id,))
