@@ -115,12 +115,15 @@ def test_a_view_from_the_report_alone_still_places_root_and_ranks(job) -> None:
     assert poor.templates[0].template == "step <*>"
 
 
-def test_views_are_stored_and_read_back(job, db: Database) -> None:
-    _, _, view = job
-    views = JobViews(db)
+def test_views_are_stored_and_read_back(job, backend_db: Database) -> None:
+    _, truth, view = job
+    views = JobViews(backend_db)
     views.save(view)
     assert views.get("job-1") == view
     assert views.get("other") is None
+    body = views.body("job-1", view.report.id)
+    assert body is not None and truth.root_line.replace("'", "&#39;") in body
+    assert views.body("job-1", "another-report") is None
 
 
 def test_alerts_link_the_job_page_when_the_public_url_is_set(job) -> None:
@@ -134,7 +137,8 @@ def test_alerts_link_the_job_page_when_the_public_url_is_set(job) -> None:
     assert webhook_payload(Alert(job_id="j", report=view.report), None)["data"]["page_url"] is None
 
 
-def test_session_cookies_name_a_token_and_expire(db: Database) -> None:
+def test_session_cookies_name_a_token_and_expire(backend_db: Database) -> None:
+    db = backend_db
     settings = Settings.model_validate({"server": {"tokens": [
         {"name": "alice", "role": "operator", "sha256": token_digest("a" * 32)},
         {"name": "bob", "role": "reader", "sha256": token_digest("b" * 32)}]}})
