@@ -136,6 +136,11 @@ def test_the_job_page_in_a_browser(browser: Browser, app: LoopbackApp, job: tupl
     assert page.locator(".ev.cascade").count() > 0
     page.click("#show-cascade")
     assert page.locator(".lanes.linked").count() == 1
+    whole = marker.bounding_box()
+    page.click("#zoom")  # the lines where the job died, across the width: the root moves left, stays shown
+    zoomed = marker.bounding_box()
+    assert whole and zoomed and zoomed["x"] < whole["x"] - 100 and marker.is_visible()
+    assert page.locator("#zoom[aria-pressed=true]").count() == 1
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "job-page.png"), full_page=True)

@@ -97,7 +97,7 @@ def render_job_body(view: JobView) -> str:
     return _env().get_template("job_body.html.j2").render(
         view=view, report=report, recommended=recommended_action(report),
         corroboration=corroboration_words(view),
-        lanes=_lane_rows(view), axis=_axis(view), cascade=_cascade_summary(view.events),
+        lanes=_lane_rows(view), axis=_axis(view), cascade=_cascade_summary(view.events), zoom=_zoom(view),
         sources=sorted({e.source.split(":", 1)[0] for e in report.evidence}),
         data=Markup(_json_for_script(_curves(view))),
     )
@@ -200,11 +200,13 @@ def _rank_row(row: RankRow, events: list[ViewEvent], view: JobView) -> dict[str,
     bar = None
     if row.first_line is not None and row.last_line is not None:
         left = _pos(view, row.first_line)
-        bar = {"left": left, "width": max(0.3, _pos(view, row.last_line) - left),
+        bar = {"left": left, "width": max(0.3, _pos(view, row.last_line) - left), "first": row.first_line,
+               "last": row.last_line,
                "title": f"progress: step {_num(row.first_step)} → {_num(row.last_step)}, lines {row.first_line}–"
                         f"{row.last_line}" + (f", last at {_when(row.last_ts)}" if row.last_ts else "")}
     return {"rank": row.rank, "culprit": row.culprit, "stopped_first": row.stopped_first, "bar": bar,
-            "stop": {"left": _pos(view, row.last_line), "step": _num(row.last_step)} if stopped_early else None,
+            "stop": {"left": _pos(view, row.last_line), "step": _num(row.last_step), "line": row.last_line}
+            if stopped_early else None,
             "events": [_marker(e, view) for e in events], "root": any(e.role == "root" for e in events)}
 
 
@@ -215,6 +217,18 @@ def _marker(ev: ViewEvent, view: JobView) -> dict[str, Any]:
 
 def _axis(view: JobView) -> list[dict[str, Any]]:
     return [{"left": p, "label": f"line {max(1, round(1 + (view.lines - 1) * p / 100))}"} for p in (0, 25, 50, 75, 100)]
+
+
+def _zoom(view: JobView) -> dict[str, int] | None:
+    """The lines where the job died (from a little before the first rank stopped, or the root, to the
+    end), when they are a small part of the job: the timeline's "zoom to the failure"."""
+    rc = view.report.root_cause
+    if view.report.status != "failed" or rc is None:
+        return None
+    stops = [r.last_line for lane in view.lanes for r in lane.ranks if r.last_line is not None]
+    start = min([rc.line_no, *stops]) if stops and min(stops) > view.lines // 2 else rc.line_no
+    start = max(1, start - max(50, (view.lines - start) // 2))
+    return {"start": start, "end": view.lines} if start > view.lines // 10 else None
 
 
 def _curves(view: JobView) -> dict[str, Any]:

@@ -50,6 +50,32 @@
     root.addEventListener("focus", function () { setLinked(true); });
   }
 
+  // The x axis is the job's lines; zooming re-places every marker over [lo, hi] (hidden outside).
+  var zoom = document.getElementById("zoom");
+  function placeAll(lo, hi) {
+    var span = Math.max(1, hi - lo);
+    function pct(line) { return (line - lo) / span * 100; }
+    document.querySelectorAll(".track [data-line]").forEach(function (el) {
+      var x = pct(+el.dataset.line);
+      el.hidden = x < 0 || x > 100;
+      el.style.left = x + "%";
+    });
+    document.querySelectorAll(".track .bar").forEach(function (el) {
+      var a = Math.max(0, pct(+el.dataset.first)), b = Math.min(100, pct(+el.dataset.last));
+      el.hidden = b < 0 || a > 100;
+      el.style.left = a + "%"; el.style.width = Math.max(0.3, b - a) + "%";
+    });
+    document.querySelectorAll(".axis span").forEach(function (el, i, all) {
+      el.textContent = "line " + Math.round(lo + span * i / (all.length - 1));
+    });
+  }
+  if (zoom) zoom.addEventListener("click", function () {
+    var on = zoom.getAttribute("aria-pressed") !== "true";
+    zoom.setAttribute("aria-pressed", on ? "true" : "false");
+    zoom.textContent = on ? "the whole job" : "zoom to the failure";
+    if (on) placeAll(+zoom.dataset.from, +zoom.dataset.to); else placeAll(1, +zoom.dataset.lines);
+  });
+
   function filter(inputId, itemSelector) {
     var input = document.getElementById(inputId);
     if (!input) return;
