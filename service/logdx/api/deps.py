@@ -59,7 +59,8 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 
 def require_token(request: Request, services: ServicesDep) -> Principal:
     """The caller (`auth.Principal`), from `Authorization: Bearer <token>` (or the job pages' session
-    cookie, `api/cookies.py`) when tokens are configured (401 otherwise); kept on `request.state.principal` for the routes and audits."""
+    cookie, `api/cookies.py`) when tokens are configured (401 otherwise); kept on
+    `request.state.principal` for the routes and audits."""
     principal = identify(services.auth, services.cookies, request.headers.get("authorization"),
                          request.cookies.get(COOKIE))
     request.state.principal = principal
