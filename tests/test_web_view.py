@@ -5,6 +5,7 @@ cookie, and the page's link in alerts. Browser and HTTP tests: test_web_pages.py
 from __future__ import annotations
 
 import io
+import json
 import re
 
 import pytest
@@ -93,6 +94,19 @@ def test_the_single_file_carries_everything_and_shows_the_verdict_without_script
     for text in (truth.failure_type, truth.culprit_hosts[0], f"Root line {truth.root_line_no}"):
         assert text in no_scripts
     assert f'id="line-{truth.root_line_no}" class="ctx root"' in no_scripts
+
+
+@pytest.mark.parametrize("scenario", ["healthy", "nan_loss", "nccl_hang", "stall", "import_error"])
+def test_every_kind_of_job_has_a_page_with_one_root_at_most(engine: Engine, scenario: str) -> None:
+    buf = io.StringIO()
+    truth = generate(buf, scenario=scenario, seed=2, ranks=16, lines=6000, style="srun")
+    session = engine.new_session()
+    session.feed_lines(buf.getvalue().splitlines())
+    view = build_view(scenario, session.report(), session)
+    html = render_job_page(view, Done(served=False), inline=True)
+    assert html.count('id="root-marker"') == (0 if truth.status == "healthy" else 1)
+    data = re.search(r'<script type="application/json" id="job-data">(.*?)</script>', html, re.S)
+    assert data is not None and json.loads(data.group(1))  # a NaN loss is no point of the curve: valid JSON
 
 
 def test_text_from_the_log_is_escaped(engine: Engine) -> None:

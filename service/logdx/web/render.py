@@ -9,6 +9,7 @@ server-rendered HTML: they read without JavaScript; the curves (uPlot) and the s
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
@@ -236,9 +237,16 @@ def _curves(view: JobView) -> dict[str, Any]:
     p = view.report.progress
     if p is None:
         return {"loss": [], "step_time": [], "marks": []}
-    marks = [{"step": d.step, "kind": d.kind, "recovered": False} for d in [p.divergence] if d and d.step is not None]
-    marks += [{"step": d.step, "kind": d.kind, "recovered": True} for d in p.recovered_spikes if d.step is not None]
-    return {"loss": [list(pt) for pt in p.loss], "step_time": [list(pt) for pt in p.step_time_s], "marks": marks}
+    marks = [{"step": d.step, "kind": d.kind, "recovered": False} for d in [p.divergence]
+             if d and d.step is not None and math.isfinite(d.step)]
+    marks += [{"step": d.step, "kind": d.kind, "recovered": True} for d in p.recovered_spikes
+              if d.step is not None and math.isfinite(d.step)]
+    return {"loss": _finite(p.loss), "step_time": _finite(p.step_time_s), "marks": marks}
+
+
+def _finite(points: list[tuple[float, float]]) -> list[list[float]]:
+    """The points a chart can draw: a NaN or infinite loss is the divergence, marked, not a point."""
+    return [[x, y] for x, y in points if math.isfinite(x) and math.isfinite(y)]
 
 
 # -- filters ----------------------------------------------------------------------------------------

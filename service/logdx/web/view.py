@@ -132,9 +132,11 @@ def _view_events(session: Session, report: Report) -> list[ViewEvent]:
         return 1 if ev.anchor.line_no in recovered else 2
 
     chosen = sorted(ordered, key=rank_of)[:MAX_EVENTS]
-    out = []
+    out: list[ViewEvent] = []
     for ev in sorted(chosen, key=lambda e: e.anchor.line_no):
         role = _role(ev, root_line, recovered)
+        if role == "root" and any(e.role == "root" for e in out):
+            continue  # two events read from the root line (a NaN's loss line and its rule's line): one marker
         hits = session.engine.rules.match(ev)
         out.append(ViewEvent(line_no=ev.anchor.line_no, kind=ev.kind, role=role, rank=ev.anchor.rank,
                              host=ev.anchor.host, text=_clip(ev.anchor.raw), rule=hits[0].rule_id if hits else ""))
