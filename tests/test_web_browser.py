@@ -199,3 +199,11 @@ def test_the_single_file_opens_from_disk_and_asks_nothing(browser: Browser, job:
     assert w.requests == [path.as_uri()] and not w.outside and not w.errors
     w.page.screenshot(path=str(ARTIFACTS / "job-file.png"))
     w.page.close()
+
+    no_js = browser.new_context(java_script_enabled=False)  # the verdict, timeline and root line are HTML
+    page = no_js.new_page()
+    page.goto(path.as_uri())
+    assert truth.failure_type in page.locator("#verdict").inner_text()
+    assert page.locator("#root-line pre").inner_text().strip() == truth.root_line
+    assert page.locator("#root-marker").is_visible()
+    no_js.close()
