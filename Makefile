@@ -14,7 +14,7 @@ TYPED := service/logdx/api service/logdx/config.py service/logdx/hosts.py
 # The slowest tests, listed at the end of `make test` (pytest's --durations).
 SLOWEST ?= 15
 
-.PHONY: all install model demo test test-fast test-slow lock eval eval-quick eval-buried eval-jobs bench bench-serve lint clean catalog
+.PHONY: all install model browser demo test test-fast test-slow lock eval eval-quick eval-buried eval-jobs bench bench-serve bench-page lint clean catalog
 
 all: test
 
@@ -33,6 +33,17 @@ model: $(STAMP)
 	$(VENV)/bin/logdx model convert
 
 install: $(STAMP) model
+
+# The browser tests' browser: Debian's chromium (apt, as root), driven by playwright's Python package
+# (a dev dependency) through `executable_path`; playwright never downloads a browser of its own. Without
+# root or apt, the browser tests are skipped and say why.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
+browser: $(STAMP)
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "make browser: no chromium, and installing it needs root and apt-get: the browser tests will be skipped"; fi; }
+	@$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install --quiet --constraint $(LOCK) playwright
 
 demo: install
 	@mkdir -p .cache/demo
@@ -57,7 +68,7 @@ lock:
 
 # Everything: lint, unit, integration and the slow end-to-end tests (marked `slow`). Set-up
 # included, it fits in 12 minutes on 2 cores; the slowest tests are listed at the end.
-test: lint model
+test: lint model browser
 	$(PY) -m pytest -q -p no:cacheprovider --durations=$(SLOWEST)
 
 # Unit tests only (no model loading, no subprocesses, no servers): well under a minute.
@@ -102,6 +113,10 @@ catalog: $(STAMP)
 bench: $(STAMP)
 	@mkdir -p bench-results
 	$(PY) bench/bench_compress.py --json bench-results/compress.json
+
+bench-page: $(STAMP)
+	@mkdir -p bench-results
+	$(PY) bench/bench_page.py --json bench-results/page.json
 
 bench-serve: $(STAMP)
 	@mkdir -p bench-results

@@ -115,7 +115,7 @@ def start_server(workdir: Path, port: int, receiver: Receiver, debounce: float, 
         "llm": {"enabled": models},
         "retrieval": {"enabled": models},
         "server": {"rate_limit_lines_per_s": 0, "early_diagnosis_delay_s": debounce},
-        "alerts": {"webhooks": [{"url": receiver.url, "secret": "whsec_YmVuY2gtc2VjcmV0LWZvci1sb2dkeA=="}]},
+        "alerts": {"webhooks": [{"url": receiver.url, "secret": "whsec_YmVuY2gtc2VjcmV0LWZvci1sb2dkeC13ZWJob29rcyE="}]},
     }
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOGDX_")}

@@ -66,6 +66,18 @@ def test_human_report_names_root_line_action_and_culprit(ecc_log):
     assert "\x1b[" not in text  # no colour when not a TTY
 
 
+def test_html_writes_the_job_page_as_one_file(ecc_log, tmp_path):
+    page = tmp_path / "report.html"
+    out = diagnose(str(ecc_log), "--no-store", "--html", str(page))
+    assert out.returncode == 0, out.stderr
+    assert "ecc_error" in out.stdout.decode()  # the terminal report as without --html
+    html = page.read_text()
+    assert "uncorrectable ECC error encountered" in html and 'id="root-line"' in html
+    assert "<script src" not in html  # one file: its scripts inside
+    bad = diagnose(str(ecc_log), "--no-store", "--html", str(tmp_path / "no-such-dir" / "r.html"))
+    assert bad.returncode == 2 and bad.stderr.decode().count("\n") == 1 and "--html" in bad.stderr.decode()
+
+
 def test_color_can_be_forced(ecc_log):
     assert "\x1b[" in diagnose(str(ecc_log), "--color").stdout.decode()
 

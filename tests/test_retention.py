@@ -89,6 +89,7 @@ def test_each_kind_goes_after_its_age_and_what_is_needed_stays(tmp_path: Path, r
         assert sweeper.sweep() == {"ended_jobs": 0, "idle_jobs": 1, "reports": 0, "alerts": 0, "audit": 0}
         assert c.get("/v1/jobs/idle-run").status_code == 404 and not spool.exists()
         assert c.get("/v1/jobs/old-run").json()["state"] == "ended"
+        assert count(app, "web_job_views", "job_id = 'old-run'") == 1
         # the name is free again: a new upload makes a new job
         assert c.post("/v1/jobs/idle-run/logs", content=b"again\n").json()["job_lines"] == 1
 
@@ -97,6 +98,7 @@ def test_each_kind_goes_after_its_age_and_what_is_needed_stays(tmp_path: Path, r
         assert swept["ended_jobs"] == 1 and swept["alerts"] >= 1 and swept["reports"] == 0, swept
         assert c.get("/v1/jobs/old-run").status_code == 404
         assert count(app, "api_job_reports", "job_id = 'old-run'") == 0
+        assert count(app, "web_job_views", "job_id = 'old-run'") == 0  # its page went with it
         assert count(app, "alert_outbox", "status != 'pending'") == 0
         assert c.get(f"/v1/reports/{oneshot}").status_code == 200  # reports keep 90 days
 

@@ -300,7 +300,9 @@ class ServerSettings(_Section):
     max_request_cpu_s: float = Field(
         60.0, ge=0, description="CPU seconds one upload may cost (decode, parse, apply); past it 429 cpu_limit, "
         "with the lines applied so far; 0: no limit")
-    public_url: str = ""
+    public_url: str = Field(
+        "", description="the service's address as people reach it (https://logdx.example.com): alerts link the "
+        "job page (<public_url>/jobs/<id>) and the report under it")
     rate_limit_lines_per_s: float = Field(
         100_000.0, ge=0, description="per job, sustained; 0 disables the limit (429 + Retry-After when exceeded)")
     rate_limit_burst_lines: int = Field(2_000_000, ge=1, description="per job: lines accepted at once before limiting")

@@ -21,6 +21,7 @@ from logdx.api.errors import CatchAllMiddleware, install_error_handlers
 from logdx.api.guard import KNOWN_METHODS, RequestGuard
 from logdx.api.metrics import Metrics
 from logdx.api.nodes import nodes_router
+from logdx.api.pages import STATIC_PREFIX, pages_router, static_files
 from logdx.api.routes import api, health, metrics_router
 from logdx.api.services import Services
 from logdx.api.uploads import uploads
@@ -110,6 +111,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.include_router(nodes_router)
     app.include_router(cluster_router)
     app.include_router(docs_router)
+    app.include_router(pages_router)
+    app.mount(STATIC_PREFIX, static_files(), name="static")
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(MetricsMiddleware, get_metrics=lambda: getattr(app.state.services, "metrics", None))
 
@@ -131,14 +134,25 @@ async def openapi_schema(request: Request) -> JSONResponse:
     return JSONResponse(request.app.openapi())
 
 
+# The docs pages load their scripts from the package (swagger-ui-dist and redoc, from npm): air-gapped
+# clusters reach no CDN.
+_VENDOR = f"{STATIC_PREFIX}/vendor"
+
+
 @docs_router.get("/docs")
 async def swagger_ui() -> HTMLResponse:
-    return get_swagger_ui_html(openapi_url="/openapi.json", title="logdx API")
+    return get_swagger_ui_html(
+        openapi_url="/openapi.json", title="logdx API", swagger_js_url=f"{_VENDOR}/swagger-ui/swagger-ui-bundle.js",
+        swagger_css_url=f"{_VENDOR}/swagger-ui/swagger-ui.css",
+        swagger_favicon_url=f"{_VENDOR}/swagger-ui/favicon-32x32.png",
+        swagger_ui_parameters={"validatorUrl": None})  # its default asks validator.swagger.io
 
 
 @docs_router.get("/redoc")
 async def redoc() -> HTMLResponse:
-    return get_redoc_html(openapi_url="/openapi.json", title="logdx API")
+    return get_redoc_html(openapi_url="/openapi.json", title="logdx API",
+                          redoc_js_url=f"{_VENDOR}/redoc/redoc.standalone.js",
+                          redoc_favicon_url=f"{_VENDOR}/swagger-ui/favicon-32x32.png", with_google_fonts=False)
 
 
 def app_from_env() -> FastAPI:

@@ -107,6 +107,10 @@ class Authenticator:
             raise _unauthorized("invalid bearer token")
         return found
 
+    def named(self, name: str) -> tuple[bytes, Principal] | None:
+        """The configured token called `name`: its digest and principal (what a session cookie names)."""
+        return next(((digest, p) for digest, p in self._known if p.name == name), None)
+
     def check(self, principal: Principal, allowed: frozenset[str], what: str) -> None:
         """403 unless the principal's role may do `what`."""
         if principal.role in allowed:

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Path, Request
 
 from logdx.api.auth import Principal
+from logdx.api.cookies import COOKIE, identify
 from logdx.api.errors import ApiError
 from logdx.api.limits import JOB_ID_PATTERN, check_job_id
 from logdx.api.readiness import Check, Readiness
@@ -57,9 +58,11 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 
 
 def require_token(request: Request, services: ServicesDep) -> Principal:
-    """The caller (`auth.Principal`), from `Authorization: Bearer <token>` when tokens are configured
-    (401 otherwise); kept on `request.state.principal` for the routes and audits."""
-    principal = services.auth.identify(request.headers.get("authorization"))
+    """The caller (`auth.Principal`), from `Authorization: Bearer <token>` (or the job pages' session
+    cookie, `api/cookies.py`) when tokens are configured (401 otherwise); kept on
+    `request.state.principal` for the routes and audits."""
+    principal = identify(services.auth, services.cookies, request.headers.get("authorization"),
+                         request.cookies.get(COOKIE))
     request.state.principal = principal
     return principal
 

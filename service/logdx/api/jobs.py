@@ -54,6 +54,7 @@ from logdx.normalize import Source
 from logdx.pipeline import Engine, Session
 from logdx.store import migrate
 from logdx.store_base import Store, StoreError
+from logdx.web.store import JobViews
 
 # The faces import these from here (the job manager's module).
 __all__ = ["COMPONENT", "MIGRATIONS", "PG_MIGRATIONS", "IngestRequest", "Job", "JobManager", "template_dict"]
@@ -78,6 +79,7 @@ class JobManager:
         self._jobs: dict[str, Job] = {}
         self._registry_lock = threading.Lock()
         self.history = AttemptHistory(db)
+        self.views = JobViews(db)  # the job pages (logdx.web)
         if coordinator is None:
             from logdx.api.embedded import EmbeddedCoordinator
 
@@ -283,6 +285,7 @@ class JobManager:
                 conn.execute("UPDATE api_jobs SET last_report_id = ?, updated_at = ? WHERE job_id = ?",
                              (report.id, now, job.id))
         job.diagnosis_key, job.last_report_id = key, report.id
+        self.views.save_from(job.id, report, job.session)
         self.metrics.reports.labels(kind, report.status, report.category or "none").inc()
         if changed and report.status == "failed" and key != job.acted_key and self.actor is not None:
             self.actor.submit(self._effect(job, report, key))

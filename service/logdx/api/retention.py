@@ -5,7 +5,8 @@ after its age setting (0 keeps it forever), in small batches so uploads never wa
 database:
 
 - ended jobs (`ended_jobs_days` after they ended) and idle open jobs (no upload for
-  `idle_jobs_days`): row, report history, spool and in-memory session (`JobManager.forget`);
+  `idle_jobs_days`): row, report history, spool and in-memory session (`JobManager.forget`), then
+  the job page of each job gone;
 - reports (`reports_days`), except those a person gave feedback on and each kept job's last one;
 - alerts delivered or given up (`alerts_days`), and their dedupe keys once their job is gone;
 - the action audit (`audit_days`, never inside `actions.window_s`, which the cordon budget counts),
@@ -37,6 +38,7 @@ REPORTS = Expiry("reports", "created_at", "feedback IS NULL AND id NOT IN "
 ALERTS = Expiry("alert_outbox", "done_at", "status != 'pending'")
 ALERT_KEYS = Expiry("alert_keys", "created_at", "dedupe_key NOT IN (SELECT dedupe_key FROM alert_outbox)"
                     " AND job_id NOT IN (SELECT job_id FROM api_jobs)")
+JOB_PAGES = Expiry("web_job_views", "created_at", "job_id NOT IN (SELECT job_id FROM api_jobs)")  # their job went
 AUDIT = Expiry("action_audit", "ts", "NOT (dry_run = 0 AND action IN ('cordon', 'uncordon', 'breaker'))")
 
 
@@ -63,6 +65,7 @@ class Sweeper:
             deleted["ended_jobs"] = self._forget_jobs(ENDED_JOBS, now - r.ended_jobs_days * DAY_S)
         if r.idle_jobs_days:
             deleted["idle_jobs"] = self._forget_jobs(IDLE_JOBS, now - r.idle_jobs_days * DAY_S)
+        delete_expired(self.db, JOB_PAGES, now)
         if r.reports_days:
             deleted["reports"] = delete_expired(self.db, REPORTS, now - r.reports_days * DAY_S)
         if r.alerts_days:

@@ -27,6 +27,7 @@ from logdx import progress
 from logdx.act.respond import Responder, Response
 from logdx.api.auth import Authenticator, Tenants
 from logdx.api.background import Actor, Effect
+from logdx.api.cookies import SessionCookies
 from logdx.api.guard import REFUSAL_REASONS
 from logdx.api.jobs import Job, JobManager
 from logdx.api.jobs_cluster import ClusterCoordinator
@@ -61,6 +62,7 @@ class Services:
     engine: Engine | None = None
     startup_error: str | None = None
     recovering: int = 0
+    cookies: SessionCookies | None = None  # the job pages' sessions (api/cookies.py)
     limiter: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(32))
 
     @classmethod
@@ -88,6 +90,7 @@ class Services:
                        responder=responder, actor=actor, sweeper=sweeper,
                        quota=JobQuota(settings.server, lambda: _open_jobs(db)),
                        auth=Authenticator(settings.server), tenants=Tenants(db))
+        services.cookies = SessionCookies(db, services.auth)
         services.readiness.component("rules")
         if settings.retrieval.enabled:
             services.readiness.component("retrieval")

@@ -59,6 +59,9 @@ def add_diagnose_args(p: argparse.ArgumentParser) -> None:
                    help="text, ndjson, msgpack, otlp, otlp-json, loki, loki-json, or auto (the default: "
                         "recognised by the first bytes where that is unambiguous, else text)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--html", default=None, metavar="FILE",
+                   help="also write the job page to FILE: one self-contained HTML file (verdict, per-host "
+                        "timeline, curves, root line in context, evidence, templates) that opens from disk")
     p.add_argument("--fr-dumps", default=None, metavar="PATH",
                    help="the job's PyTorch flight-recorder dumps (a directory of per-rank files, or one file): "
                         "the ranks missing from the collective the others wait in name a hang's culprit")
@@ -95,8 +98,11 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if report.status == "empty":
         what = "stdin" if logs == ["-"] else " ".join(logs)
         raise UsageError(f"{what}: no log lines to diagnose (empty input)")
+    job_id = args.job_id or _default_job_id(logs)
     if not args.no_store:
-        keep(engine, diagnosed, args.job_id or _default_job_id(logs))
+        keep(engine, diagnosed, job_id)
+    if args.html:
+        _write_page(args.html, job_id, diagnosed)
     if args.json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:
@@ -110,6 +116,20 @@ class Diagnosed:
     context: FailureContext | None
     hosts: list[str]  # every host the log named: nodes `logdx nodes` has now seen
     templates: list[TemplateStats]  # the job's Drain templates (what `logdx mcp` shows an agent)
+    session: Session | None = None  # what diagnosed it (the job page is drawn from its state)
+
+
+def _write_page(path: str, job_id: str, diagnosed: Diagnosed) -> None:
+    """The job page as one file (`--html`); an unwritable path is a usage error."""
+    from logdx.web.render import Done, render_job_page
+    from logdx.web.view import build_view
+
+    assert diagnosed.session is not None
+    html = render_job_page(build_view(job_id, diagnosed.report, diagnosed.session), Done(served=False), inline=True)
+    try:
+        Path(path).write_text(html, encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"--html {path}: cannot write: {e.strerror or e}") from None
 
 
 def _flight_recorder(path: str) -> FrFindings:
@@ -132,7 +152,7 @@ def _diagnose(engine: Engine, feed: Callable[[Session], dict[str, int]], exit_co
     report = session.report(exit_code)
     if refused:
         report.notes.append("records without a line, skipped: " + ", ".join(f"{n} {r}" for r, n in sorted(refused.items())))
-    return Diagnosed(report, session.last_context, sorted(session.summary().hosts), session.templates())
+    return Diagnosed(report, session.last_context, sorted(session.summary().hosts), session.templates(), session)
 
 
 def _meta(settings: Settings, source: Source | None = None) -> Meta:

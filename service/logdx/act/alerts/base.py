@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from typing import Protocol
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from logdx.act.report import Report
 
@@ -21,6 +21,7 @@ class Alert:
     report: Report
     done: tuple[str, ...] = ()  # what logdx did about it, one sentence each
     resolved: str = ""  # a follow-up: why the failure is over (the job succeeded, the node is back)
+    page_url: str = ""  # the job's page (`GET /jobs/{id}`), with server.public_url set
 
     @property
     def kind(self) -> str:
@@ -56,6 +57,10 @@ def redact_origin(url: str) -> str:
 
 def report_url(public_url: str, report: Report) -> str | None:
     return f"{public_url.rstrip('/')}/v1/reports/{report.id}" if public_url else None
+
+
+def job_page_url(public_url: str, job_id: str) -> str:
+    return f"{public_url.rstrip('/')}/jobs/{quote(job_id, safe='')}" if public_url else ""
 
 
 def clip(text: str, limit: int) -> str:

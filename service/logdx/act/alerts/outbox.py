@@ -31,12 +31,13 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import httpx
 
 from logdx import __version__
-from logdx.act.alerts.base import Alert, Destination, clip, report_url
+from logdx.act.alerts.base import Alert, Destination, clip, job_page_url, report_url
 from logdx.act.alerts.destinations import destinations
 from logdx.act.history import lineage_of
 from logdx.act.report import Report
@@ -232,6 +233,7 @@ class Outbox:
 
     def _queue(self, key: str, alert: Alert, dests: list[Destination], now: float) -> None:
         url = report_url(self.public_url, alert.report)
+        alert = replace(alert, page_url=job_page_url(self.public_url, alert.job_id))
         for dest in dests:
             self.db.execute(
                 "INSERT INTO alert_outbox(msg_id, dedupe_key, job_id, report_id, kind, dest_key,"

@@ -65,6 +65,8 @@ def slack_payload(alert: Alert, report_url: str | None) -> dict:
     context = []
     if report.hint:
         context.append({"type": "mrkdwn", "text": f"*Next:* {_esc(clip(report.hint, 1500))}"})
+    if alert.page_url:
+        context.append({"type": "mrkdwn", "text": f"<{alert.page_url}|Open the job page>"})
     if report_url:
         context.append({"type": "mrkdwn", "text": f"<{report_url}|Open the full report>"})
     if context:
@@ -80,8 +82,9 @@ def _resolved_payload(alert: Alert, report_url: str | None) -> dict:
         {"type": "header", "text": {"type": "plain_text", "text": clip(headline, 150), "emoji": False}},
         {"type": "section", "text": {"type": "mrkdwn", "text": _esc(clip(alert.resolved, 2000))}},
     ]
-    if report_url:
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"<{report_url}|The report>"}]})
+    links = [f"<{url}|{name}>" for url, name in ((alert.page_url, "The job page"), (report_url, "The report")) if url]
+    if links:
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(links)}]})
     return {"text": clip(f"{headline}: {alert.resolved}", 300), "blocks": blocks}
 
 

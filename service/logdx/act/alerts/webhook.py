@@ -65,7 +65,7 @@ def webhook_payload(alert: Alert, report_url: str | None, now: float | None = No
     """The generic webhook body (Standard Webhooks' `type`/`timestamp`/`data` shape): the report, the
     recommended action and what was done; or (`logdx.resolved`) why the failure is over."""
     ts = datetime.fromtimestamp(time.time() if now is None else now, tz=UTC)
-    data = {"job_id": alert.job_id, "report_url": report_url, "recommended": recommended_action(alert.report),
+    data = {"job_id": alert.job_id, "report_url": report_url, "page_url": alert.page_url or None, "recommended": recommended_action(alert.report),
             "done": list(alert.done), "report": alert.report.model_dump(mode="json")}
     if alert.resolved:
         data["resolved"] = alert.resolved

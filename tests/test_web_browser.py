@@ -1,0 +1,209 @@
+"""The job page in a real browser (issue 22): Debian's `chromium`, headless, driven by playwright's
+Python package (never a browser playwright downloads), against the real app on uvicorn.
+
+Skipped, saying why, only where Chromium or playwright is absent (`make browser` installs both).
+Every request the browser makes is recorded and must go to the server that sent the page (or, for
+the single file, nowhere). Screenshots are kept in $LOGDX_TEST_ARTIFACTS (default
+`.cache/test-artifacts`)."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from api_server import REPO, LoopbackApp
+from logdx.api.auth import token_digest
+from logdx.config import Settings
+from logdx.pipeline import Engine
+from logdx.synth import generate
+from logdx.synth.generate import Truth
+from logdx.web.render import Done, render_job_page
+from logdx.web.view import build_view
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = os.environ.get("LOGDX_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+try:
+    from playwright.sync_api import Browser, Page, Request, sync_playwright
+except ImportError:  # pragma: no cover - make browser installs it
+    sync_playwright = None  # type: ignore[assignment]
+
+if CHROMIUM is None or sync_playwright is None:
+    pytest.skip("the browser tests need Debian's chromium and playwright's Python package: run `make browser` "
+                f"(chromium: {CHROMIUM or 'absent'}; playwright: {'present' if sync_playwright else 'absent'})",
+                allow_module_level=True)
+
+ARTIFACTS = Path(os.environ.get("LOGDX_TEST_ARTIFACTS") or REPO / ".cache" / "test-artifacts")
+OPERATOR = "secret-of-oncall-0123456789abcdef"
+RANKS, GPUS_PER_HOST = 32, 8
+
+
+@pytest.fixture(scope="module")
+def job() -> tuple[bytes, Truth]:
+    buf = io.StringIO()
+    truth = generate(buf, scenario="xid79", seed=21, ranks=RANKS, gpus_per_host=GPUS_PER_HOST, lines=20000)
+    return buf.getvalue().encode(), truth
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory, job: tuple[bytes, Truth]) -> Iterator[LoopbackApp]:
+    settings = Settings.model_validate({
+        "data_dir": str(tmp_path_factory.mktemp("browser")), "llm": {"enabled": False},
+        "retrieval": {"enabled": False}, "server": {"early_diagnosis_delay_s": 3600, "tokens": [
+            {"name": "oncall", "role": "operator", "sha256": token_digest(OPERATOR)}]}})
+    with LoopbackApp(settings, Engine.create(settings)) as app:
+        with httpx.Client(base_url=app.url, headers={"authorization": f"Bearer {OPERATOR}"}, timeout=120) as c:
+            assert c.post("/v1/jobs/train-7b/logs", content=job[0],
+                          headers={"content-type": "text/plain"}).status_code == 200
+            assert c.post("/v1/jobs/train-7b/end", json={}).status_code == 200
+        yield app
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+class Watched:
+    """A page whose every request is recorded; anything for another host is aborted and noted."""
+
+    def __init__(self, page: Page, allowed_host: str | None) -> None:
+        self.page = page
+        self.allowed_host = allowed_host  # None: a file from disk, which may ask nobody
+        self.requests: list[str] = []
+        self.outside: list[str] = []
+        self.errors: list[str] = []
+        page.route("**/*", self._route)
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def _route(self, route: Any, request: Request) -> None:
+        self.requests.append(request.url)
+        parts = urlsplit(request.url)
+        if parts.scheme in ("data", "blob") or (parts.scheme == "file" and self.allowed_host is None):
+            route.continue_()
+            return
+        if self.allowed_host is None or parts.netloc != self.allowed_host:
+            self.outside.append(request.url)
+            route.abort()
+            return
+        route.continue_()
+
+
+def _watched(browser: Browser, host: str | None) -> Watched:
+    return Watched(browser.new_page(viewport={"width": 1400, "height": 1000}), host)
+
+
+def _signed_in(browser: Browser, app: LoopbackApp) -> Watched:
+    w = _watched(browser, urlsplit(app.url).netloc)
+    w.page.goto(f"{app.url}/jobs/train-7b")
+    assert "/login" in w.page.url  # no session yet: the login form, no token in any URL
+    w.page.fill("input[name=token]", OPERATOR)
+    w.page.click("button[type=submit]")
+    w.page.wait_for_url(f"{app.url}/jobs/train-7b")
+    assert all(OPERATOR not in url for url in w.requests)
+    return w
+
+
+def test_the_job_page_in_a_browser(browser: Browser, app: LoopbackApp, job: tuple[bytes, Truth]) -> None:
+    _, truth = job
+    w = _signed_in(browser, app)
+    page = w.page
+    page.wait_for_selector("#loss-chart canvas")  # uPlot drew the loss
+    verdict = page.locator("#verdict")
+    assert verdict.is_visible() and truth.failure_type in verdict.inner_text()
+    assert truth.culprit_hosts[0] in page.locator("#culprit").inner_text()
+    root = page.locator("#root-line pre")
+    assert root.is_visible() and root.inner_text().strip() == truth.root_line
+
+    lanes = page.locator("details.lane")
+    named = [h for h in lanes.evaluate_all("els => els.map(e => e.dataset.host)") if h]
+    assert sorted(named) == sorted(truth.hosts)  # one lane per host
+    marker = page.locator("#root-marker")
+    assert marker.count() == 1 and marker.is_visible()
+    lane_of_root = marker.evaluate("e => e.closest('details.lane').dataset.host")
+    assert lane_of_root == truth.culprit_hosts[0]
+    assert page.locator(".ev.cascade").count() > 0
+    page.click("#show-cascade")
+    assert page.locator(".lanes.linked").count() == 1
+    whole = marker.bounding_box()
+    page.click("#zoom")  # the lines where the job died, across the width: the root moves left, stays shown
+    zoomed = marker.bounding_box()
+    assert whole and zoomed and zoomed["x"] < whole["x"] - 100 and marker.is_visible()
+    assert page.locator("#zoom[aria-pressed=true]").count() == 1
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "job-page.png"), full_page=True)
+
+    items = page.locator("li.evidence-item")
+    total = items.count()
+    assert total > 1
+    page.fill("#evidence-search", "Xid")
+    shown = items.evaluate_all("els => els.filter(e => !e.hidden).map(e => e.textContent)")
+    assert 0 < len(shown) < total and all("xid" in t.lower() for t in shown)
+    page.fill("#evidence-search", "")
+    assert items.evaluate_all("els => els.filter(e => !e.hidden).length") == total
+
+
+    report_id = page.locator("#feedback-form").get_attribute("data-report")
+    page.check("input[name=verdict][value=correct]")
+    page.select_option("select[name=failure_type]", "infrastructure/ecc_error")
+    page.fill("input[name=note]", "reseated, it was ECC")
+    page.click("#feedback-form button[type=submit]")
+    page.locator("#feedback-result", has_text="Thank you").wait_for()
+    stored = [i for i in app.services.incidents.list(source="feedback") if i.report_id == report_id]
+    assert [(i.failure_type, i.note) for i in stored] == [("ecc_error", "reseated, it was ECC")]
+
+    assert not w.outside, w.outside
+    assert not w.errors, w.errors
+    page.close()
+
+
+def test_the_job_list_and_the_docs_load_nothing_from_elsewhere(browser: Browser, app: LoopbackApp) -> None:
+    w = _signed_in(browser, app)
+    w.page.goto(f"{app.url}/jobs")
+    assert w.page.locator("a[href='/jobs/train-7b']").is_visible()
+    w.page.goto(f"{app.url}/docs")
+    w.page.wait_for_selector("#swagger-ui .information-container")  # swagger-ui rendered from the package
+    w.page.goto(f"{app.url}/redoc")
+    w.page.wait_for_selector("redoc .api-content, [role=navigation]", timeout=60_000)
+    assert not w.outside, w.outside
+    assert not w.errors, w.errors
+    w.page.close()
+
+
+def test_the_single_file_opens_from_disk_and_asks_nothing(browser: Browser, job: tuple[bytes, Truth],
+                                                          tmp_path: Path) -> None:
+    log, truth = job
+    settings = Settings.model_validate({"data_dir": str(tmp_path), "llm": {"enabled": False},
+                                        "retrieval": {"enabled": False}})
+    session = Engine.create(settings).new_session()
+    session.feed_lines(log.decode().splitlines())
+    report = session.report()
+    path = tmp_path / "report.html"
+    path.write_text(render_job_page(build_view("train-7b", report, session), Done(served=False), inline=True))
+    w = _watched(browser, None)
+    w.page.goto(path.as_uri())
+    w.page.wait_for_selector("#loss-chart canvas")
+    assert w.page.locator("#root-line pre").inner_text().strip() == truth.root_line
+    assert w.requests == [path.as_uri()] and not w.outside and not w.errors
+    w.page.screenshot(path=str(ARTIFACTS / "job-file.png"))
+    w.page.close()
+
+    no_js = browser.new_context(java_script_enabled=False)  # the verdict, timeline and root line are HTML
+    page = no_js.new_page()
+    page.goto(path.as_uri())
+    assert truth.failure_type in page.locator("#verdict").inner_text()
+    assert page.locator("#root-line pre").inner_text().strip() == truth.root_line
+    assert page.locator("#root-marker").is_visible()
+    no_js.close()

@@ -1,0 +1,184 @@
+"""The job page's view and rendering (issue 22), without a server or a browser: what the view holds
+for a diagnosed multi-rank job, its bounds, the single file `diagnose --html` writes, the session
+cookie, and the page's link in alerts. Browser and HTTP tests: test_web_pages.py, test_web_browser.py."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import pytest
+
+from logdx.act.alerts.base import Alert, job_page_url
+from logdx.act.alerts.slack import slack_payload
+from logdx.act.alerts.webhook import webhook_payload
+from logdx.api.auth import Authenticator, token_digest
+from logdx.api.cookies import SessionCookies
+from logdx.api.errors import ApiError
+from logdx.config import Settings, load_settings
+from logdx.pipeline import Engine, Session
+from logdx.store import Database
+from logdx.synth import generate
+from logdx.synth.generate import Truth
+from logdx.web import view as view_module
+from logdx.web.render import Done, render_job_page
+from logdx.web.store import JobViews
+from logdx.web.view import JobView, build_view, view_from_report
+
+RANKS, GPUS_PER_HOST = 16, 8
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    s = load_settings(env={})
+    s.llm.enabled = s.retrieval.enabled = False
+    return Engine.create(s)
+
+
+@pytest.fixture(scope="module")
+def job(engine: Engine) -> tuple[Session, Truth, JobView]:
+    buf = io.StringIO()
+    truth = generate(buf, scenario="xid79", seed=3, ranks=RANKS, gpus_per_host=GPUS_PER_HOST, lines=12000)
+    session = engine.new_session()
+    session.feed_lines(buf.getvalue().splitlines())
+    report = session.report()
+    return session, truth, build_view("job-1", report, session)
+
+
+def test_one_lane_per_host_with_its_ranks_and_the_root_on_the_culprits_lane(job) -> None:
+    _, truth, view = job
+    named = [lane for lane in view.lanes if lane.host]
+    assert len(named) == RANKS // GPUS_PER_HOST
+    ranks = sorted(r.rank for lane in view.lanes for r in lane.ranks if r.rank is not None)
+    assert ranks == list(range(RANKS))
+    assert view.lanes[0].culprit and view.lanes[0].host == truth.culprit_hosts[0]
+    roots = [e for e in view.events if e.role == "root"]
+    assert [e.line_no for e in roots] == [truth.root_line_no]
+    assert roots[0].host == truth.culprit_hosts[0]
+
+
+def test_what_followed_the_root_is_its_cascade_and_each_rank_says_where_it_stopped(job) -> None:
+    _, truth, view = job
+    cascade = [e for e in view.events if e.role == "cascade"]
+    assert cascade and all(e.line_no > truth.root_line_no for e in cascade)
+    assert not [e for e in view.events if e.role == "event" and e.line_no > truth.root_line_no]
+    rows = [r for lane in view.lanes for r in lane.ranks]
+    assert all(r.last_line is not None and r.last_line < truth.root_line_no + 50 for r in rows)
+
+
+def test_the_root_in_context_is_its_own_hosts_lines_around_it(job) -> None:
+    _, truth, view = job
+    root = [c for c in view.context if c.root]
+    assert len(root) == 1 and root[0].line_no == truth.root_line_no and root[0].text == truth.root_line
+    assert all(c.host in (truth.culprit_hosts[0], None) for c in view.context)
+    assert any(c.line_no > truth.root_line_no for c in view.context)
+
+
+def test_the_view_is_bounded_however_many_events(job, monkeypatch: pytest.MonkeyPatch) -> None:
+    session, _, view = job
+    assert view.events_total == len(session.events) > 20
+    monkeypatch.setattr(view_module, "MAX_EVENTS", 10)
+    small = build_view("job-1", view.report, session)
+    assert len(small.events) == 10
+    assert [e.role for e in small.events].count("root") == 1  # the root is always kept
+
+
+def test_the_single_file_carries_everything_and_shows_the_verdict_without_scripts(job) -> None:
+    _, truth, view = job
+    html = render_job_page(view, Done(served=False), inline=True)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing to fetch, from anywhere
+    assert "<script src" not in html and 'rel="stylesheet"' not in html
+    assert "uPlot" in html  # the charting library, inlined
+    no_scripts = re.sub(r"<script\b.*?</script>", "", html, flags=re.S)
+    for text in (truth.failure_type, truth.culprit_hosts[0], f"Root line {truth.root_line_no}"):
+        assert text in no_scripts
+    assert f'id="line-{truth.root_line_no}" class="ctx root"' in no_scripts
+
+
+@pytest.mark.parametrize("scenario", ["healthy", "nan_loss", "nccl_hang", "stall", "import_error"])
+def test_every_kind_of_job_has_a_page_with_one_root_at_most(engine: Engine, scenario: str) -> None:
+    buf = io.StringIO()
+    truth = generate(buf, scenario=scenario, seed=2, ranks=16, lines=6000, style="srun")
+    session = engine.new_session()
+    session.feed_lines(buf.getvalue().splitlines())
+    view = build_view(scenario, session.report(), session)
+    html = render_job_page(view, Done(served=False), inline=True)
+    assert html.count('id="root-marker"') == (0 if truth.status == "healthy" else 1)
+    data = re.search(r'<script type="application/json" id="job-data">(.*?)</script>', html, re.S)
+    assert data is not None and json.loads(data.group(1))  # a NaN loss is no point of the curve: valid JSON
+
+
+def test_text_from_the_log_is_escaped(engine: Engine) -> None:
+    session = engine.new_session()
+    session.feed_lines(["step 1 loss 2.0", "<script>alert(1)</script> Traceback (most recent call last):",
+                        '  File "train.py", line 3, in <module>', "KeyError: '<img src=x onerror=alert(1)>'"])
+    report = session.report()
+    html = render_job_page(build_view("x", report, session), Done(served=False), inline=True)
+    assert "<img src=x" not in html and "<script>alert(1)" not in html
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html
+
+
+def test_a_view_from_the_report_alone_still_places_root_and_ranks(job) -> None:
+    _, truth, view = job
+    poor = view_from_report("job-1", view.report, {"total": 1, "templates": [
+        {"id": 1, "template": "step <*>", "count": 5, "rank_count": 2, "host_count": 1, "first_line": 1,
+         "last_line": 9, "error_bearing": False}]})
+    assert [e.line_no for e in poor.events if e.role == "root"] == [truth.root_line_no]
+    assert {lane.host for lane in poor.lanes if lane.host} == {lane.host for lane in view.lanes if lane.host}
+    assert poor.templates[0].template == "step <*>"
+
+
+def test_views_are_stored_and_read_back(job, backend_db: Database) -> None:
+    _, truth, view = job
+    views = JobViews(backend_db)
+    views.save(view)
+    assert views.get("job-1") == view
+    assert views.get("other") is None
+    body = views.body("job-1", view.report.id)
+    assert body is not None and truth.root_line.replace("'", "&#39;") in body
+    assert views.body("job-1", "another-report") is None
+
+
+def test_alerts_link_the_job_page_when_the_public_url_is_set(job) -> None:
+    _, _, view = job
+    assert job_page_url("", "j") == ""
+    url = job_page_url("https://logdx.example/", "run 7/a")
+    assert url == "https://logdx.example/jobs/run%207%2Fa"
+    alert = Alert(job_id="run 7/a", report=view.report, page_url=url)
+    assert url in str(slack_payload(alert, None))
+    assert webhook_payload(alert, None)["data"]["page_url"] == url
+    assert webhook_payload(Alert(job_id="j", report=view.report), None)["data"]["page_url"] is None
+
+
+def test_session_cookies_name_a_token_and_expire(backend_db: Database) -> None:
+    db = backend_db
+    settings = Settings.model_validate({"server": {"tokens": [
+        {"name": "alice", "role": "operator", "sha256": token_digest("a" * 32)},
+        {"name": "bob", "role": "reader", "sha256": token_digest("b" * 32)}]}})
+    auth = Authenticator(settings.server)
+    cookies = SessionCookies(db, auth)
+    alice = auth.identify("Bearer " + "a" * 32)
+    value = cookies.issue(alice, now=1000.0)
+    assert "a" * 32 not in value and token_digest("a" * 32) not in value
+    assert cookies.principal(value, now=1001.0) == alice
+    assert SessionCookies(db, auth).principal(value, now=1001.0) == alice  # another worker: same secret
+
+    def refused(v: str, now: float = 1001.0) -> str:
+        with pytest.raises(ApiError) as e:
+            cookies.principal(v, now=now)
+        return e.value.code
+
+    assert refused(value, now=1000.0 + 13 * 3600) == "unauthorized"  # expired
+    parts = value.split(".")
+    bob = parts[:]
+    bob[1] = "Ym9i"  # "bob": another name under alice's signature
+    assert refused(".".join(bob)) == "unauthorized"
+    later = parts[:]
+    later[2] = str(int(parts[2]) + 3600)
+    assert refused(".".join(later)) == "unauthorized"
+    assert refused("v1.garbage") == "unauthorized"
+    rotated = Authenticator(Settings.model_validate({"server": {"tokens": [
+        {"name": "alice", "role": "operator", "sha256": token_digest("c" * 32)}]}}).server)
+    with pytest.raises(ApiError):
+        SessionCookies(db, rotated).principal(value, now=1001.0)  # the token changed: its cookies go
