@@ -31,6 +31,7 @@ from logdx.api.guard import REFUSAL_REASONS
 from logdx.api.jobs import Job, JobManager
 from logdx.api.jobs_cluster import ClusterJobManager
 from logdx.api.metrics import Metrics
+from logdx.api.nodestreams import NodeJoiner, NodeStreams
 from logdx.api.quotas import JobQuota
 from logdx.api.readiness import Component, Readiness
 from logdx.api.retention import KINDS, Sweeper
@@ -62,6 +63,7 @@ class Services:
     startup_error: str | None = None
     recovering: int = 0
     limiter: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(32))
+    nodes: NodeJoiner | None = None  # node streams joined to jobs
 
     @classmethod
     def open(cls, settings: Settings) -> Services:
@@ -88,6 +90,7 @@ class Services:
                        responder=responder, actor=actor, sweeper=sweeper,
                        quota=JobQuota(settings.server, lambda: _open_jobs(db)),
                        auth=Authenticator(settings.server), tenants=Tenants(db))
+        services.nodes = NodeJoiner(settings.nodes, NodeStreams(settings.nodes, db), jobs)
         services.readiness.component("rules")
         if settings.retrieval.enabled:
             services.readiness.component("retrieval")

@@ -190,9 +190,13 @@ def split_message(message: str, cap: int) -> list[bytes]:
             for b in (part.encode("utf-8", "replace") for part in message.split("\n"))]
 
 
+NO_JOB = ""  # a record that names no job: a node's line when it names a host (`logdx serve` keeps it)
+
+
 def routed_job(message: object, fields: Mapping[str, Any], meta: Meta, batch: Batch) -> str | None:
-    """The job a record's line goes to; None when the record has no line (a string), an empty one
-    or no job, the refusal then counted in `batch` by reason, never silently dropped."""
+    """The job a record's line goes to, `NO_JOB` when it names none (the service keeps it in its host's
+    node stream, or refuses it as `no_job` when it names no host either); None when the record has no
+    line (a string) or an empty one, the refusal then counted in `batch` by reason, never silently dropped."""
     if not isinstance(message, str):
         batch.refuse("no_message")
         return None
@@ -200,6 +204,4 @@ def routed_job(message: object, fields: Mapping[str, Any], meta: Meta, batch: Ba
         batch.refuse("empty")  # a shipper's heartbeat, or a bomb of empty records: no line either way
         return None
     job = job_of(fields, meta)
-    if job is None:
-        batch.refuse("no_job")
-    return job
+    return NO_JOB if job is None else job

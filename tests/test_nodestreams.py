@@ -1,0 +1,302 @@
+"""Node streams joined to jobs (issue 21): a job's pods' output goes to logdx through one route, its
+nodes' kernel logs through another (a Fluent Bit DaemonSet's msgpack, syslog-ng per node); the Xid in
+the kernel log is the root, its host the culprit, whether the kernel line comes before the job's lines,
+after them, or after the job's end (a follow-up alert). A node event of another job's host, or outside
+the job's time, changes nothing for it.
+
+The shippers are emulated as the existing shipper tests do (tests/test_shippers.py): Fluent Bit's msgpack
+framing (`[time, record]` events, the `kubernetes` filter's fields, a `kmsg` input's record with the
+DaemonSet's `hostname` added by a `record_modifier`), syslog-ng's `http()` destination posting
+`format-json` NDJSON with `$HOST` and `$ISODATE`.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import msgpack
+import pytest
+
+from api_server import Receiver, Server, start_receiver
+from logdx.api.ingest import runs_by_job
+from logdx.api.nodestreams import NodeStreams
+from logdx.config import NodeStreamSettings
+from logdx.formats import Batch
+from logdx.formats.fields import NO_JOB
+from logdx.normalize import Source
+from logdx.store import Database
+from logdx.testing import wait_until
+
+RANKS, STEPS, CULPRIT = 16, 20, 5
+T0 = 1714564800.0
+T_FAIL = T0 + 10 * STEPS + 5  # the GPU falls off the bus; the others time out 10 minutes later
+XID = "NVRM: Xid (PCI:0000:4e:00): 79, pid=4711, GPU has fallen off the bus."
+HARMLESS_KERNEL = ["IPv6: ADDRCONF(NETDEV_CHANGE): eth0: link becomes ready",
+                   "nvidia-peermem: module loaded", "audit: type=1400 audit(1714564800.123:42): apparmor=\"STATUS\""]
+EXPECTED = {"status": "failed", "category": "infrastructure", "failure_type": "gpu_fell_off_bus",
+            "action": "cordon_and_restart"}
+
+
+def host_of(rank: int, base: int = 0) -> str:
+    return f"gpu-node-{base + rank // 8:02d}"
+
+
+def pod_lines(rank: int, t0: float = T0) -> list[tuple[float, str]]:
+    """What a rank's pod prints: progress, then (every rank but the culprit, whose GPU is gone) the NCCL
+    watchdog's timeout. No kernel line: that is in the node's log."""
+    out = [(t0 + 10 * s, f"[rank{rank}]: iteration {s + 1:6d}/  100000 | consumed samples: {(s + 1) * 512:9d} | "
+                         f"elapsed time per iteration (ms): {1000 + rank}.0 | lm loss: 2.{s:02d}E+00 |")
+           for s in range(STEPS)]
+    if rank != CULPRIT:
+        out.append((t0 + 10 * STEPS + 605,
+                    f"[rank{rank}]:[E501 12:10:00.000000000 ProcessGroupNCCL.cpp:616] [Rank {rank}] Watchdog caught "
+                    "collective operation timeout: WorkNCCL(SeqNum=4242, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+                    "Timeout(ms)=600000) ran for 600094 milliseconds before timing out."))
+    return out
+
+
+def _event_time(ts: float) -> msgpack.ExtType:
+    return msgpack.ExtType(0, struct.pack(">II", int(ts), int(round((ts % 1) * 1e9))))
+
+
+def fluent_bit_pods(job_id: str, base: int = 0, t0: float = T0) -> list[bytes]:
+    """Fluent Bit's `http` output, msgpack: one body per node, the job from the pod's `job-name` label and
+    the host from the `kubernetes` filter."""
+    bodies = []
+    for node in range(RANKS // 8):
+        events = []
+        for rank in range(node * 8, node * 8 + 8):
+            for ts, line in pod_lines(rank, t0):
+                record = {"log": line + "\n", "stream": "stderr",
+                          "kubernetes": {"pod_name": f"{job_id}-{rank}", "host": host_of(rank, base),
+                                         "labels": {"job-name": job_id}}}
+                events.append(msgpack.packb([_event_time(ts), record]))
+        bodies.append(b"".join(events))
+    return bodies
+
+
+def fluent_bit_kmsg(host: str, lines: list[tuple[float, str]]) -> bytes:
+    """The same DaemonSet's `kmsg` input (`priority`, `sequence`, `sec`, `usec`, `msg`), the node's name
+    added by a `record_modifier` (`Record hostname ${NODE_NAME}`): no job."""
+    return b"".join(msgpack.packb([_event_time(ts), {"priority": 3, "sequence": i, "sec": int(ts), "usec": 0,
+                                                     "msg": text, "hostname": host}])
+                    for i, (ts, text) in enumerate(lines))
+
+
+def syslog_ng_kernel(host: str, lines: list[tuple[float, str]]) -> bytes:
+    """syslog-ng per node: `body("$(format-json --scope none message=$MSG host=$HOST program=$PROGRAM
+    ts=$ISODATE)")`, NDJSON batches, no job header (the README's node recipe)."""
+    return b"".join(json.dumps({"message": text, "host": host, "program": "kernel",
+                                "ts": datetime.fromtimestamp(ts, UTC).isoformat()}).encode() + b"\n"
+                    for ts, text in lines)
+
+
+MSGPACK = {"content-type": "application/msgpack", "user-agent": "Fluent-Bit"}
+NDJSON = {"content-type": "application/x-ndjson"}
+
+
+@pytest.fixture(scope="module")
+def hooks() -> Iterator[Receiver]:
+    r = start_receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, hooks: Receiver) -> Iterator[Server]:
+    srv = Server(tmp_path_factory.mktemp("nodestreams"), receiver=hooks,
+                 server={"early_diagnosis_delay_s": 0.2}).start()
+    yield srv
+    srv.stop()
+
+
+def _post(c: httpx.Client, bodies: list[bytes], headers: dict[str, str]) -> list[dict]:
+    answers = []
+    for body in bodies:
+        r = c.post("/v1/logs", content=body, headers=headers)
+        assert r.status_code == 200, r.text
+        answers.append(r.json())
+    return answers
+
+
+def _send_pods(c: httpx.Client, job_id: str, base: int = 0, t0: float = T0) -> None:
+    for answer in _post(c, fluent_bit_pods(job_id, base, t0), MSGPACK):
+        assert answer["refused"] == {} and answer["node_lines"] == 0 and list(answer["jobs"]) == [job_id]
+
+
+def _send_kernel(c: httpx.Client, host: str, lines: list[tuple[float, str]], how: str = "syslog-ng") -> None:
+    body, headers = ((syslog_ng_kernel(host, lines), NDJSON) if how == "syslog-ng"
+                     else (fluent_bit_kmsg(host, lines), MSGPACK))
+    answer = _post(c, [body], headers)[0]
+    assert answer["node_lines"] == len(lines) and answer["accepted_lines"] == 0 and answer["refused"] == {}, answer
+
+
+def _kernel_of_culprit(at: float = T_FAIL) -> list[tuple[float, str]]:
+    return [(T0 - 30, HARMLESS_KERNEL[0]), (T0 + 1, HARMLESS_KERNEL[1]), (at, XID)]
+
+
+def _diagnosis(report: dict) -> dict:
+    return {k: report[k] for k in EXPECTED}
+
+
+# --- the two routes, one job ------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_kernel_log_after_the_pods_lines_is_the_root(server: Server) -> None:
+    """Pods through the Fluent Bit DaemonSet's msgpack, the culprit node's kernel log through syslog-ng
+    while the job runs: the Xid joins the job's timeline (its early diagnosis already), root and host."""
+    job_id = "nodes-after-1"
+    with server.client() as c:
+        _send_pods(c, job_id)
+        _send_kernel(c, host_of(CULPRIT), _kernel_of_culprit())
+        _send_kernel(c, host_of(8), [(T0 + 5, HARMLESS_KERNEL[2])])
+
+        def early() -> dict | None:
+            report = c.get(f"/v1/jobs/{job_id}").json()["report"]
+            return report if report and report["failure_type"] == "gpu_fell_off_bus" else None
+
+        wait_until(early, "the early diagnosis with the node's Xid")
+        report = c.post(f"/v1/jobs/{job_id}/end", json={"exit_code": 1}).json()
+    assert _diagnosis(report) == EXPECTED, report
+    assert report["culprits"]["hosts"] == [host_of(CULPRIT)]
+    assert report["root_cause"]["text"] == XID and report["root_cause"]["host"] == host_of(CULPRIT)
+
+
+@pytest.mark.integration
+def test_kernel_log_before_the_pods_lines_is_the_root(server: Server) -> None:
+    """The kernel log shipped first (Fluent Bit's kmsg input, same DaemonSet): held in the node's stream
+    and joined when the job's lines from that node arrive."""
+    job_id, t0 = "nodes-before-1", T0 + 86400
+    with server.client() as c:
+        _send_kernel(c, "gpu-node-20", [(t0 - 30, HARMLESS_KERNEL[0]), (t0 + 10 * STEPS + 5, XID)], how="kmsg")
+        _send_pods(c, job_id, base=20, t0=t0)
+        report = c.post(f"/v1/jobs/{job_id}/end", json={"exit_code": 1}).json()
+    assert _diagnosis(report) == EXPECTED, report
+    assert report["culprits"]["hosts"] == ["gpu-node-20"] and report["root_cause"]["text"] == XID
+
+
+@pytest.mark.integration
+def test_late_kernel_line_reopens_the_diagnosis_with_a_follow_up(server: Server, hooks: Receiver) -> None:
+    """The kernel line arrives after the job's end, within `nodes.reopen_grace_s`: the diagnosis is made
+    again with it, stored, and a second alert says what changed."""
+    job_id, t0 = "nodes-late-1", T0 + 2 * 86400
+    with server.client() as c:
+        _send_pods(c, job_id, base=30, t0=t0)
+        first = c.post(f"/v1/jobs/{job_id}/end", json={"exit_code": 1}).json()
+        assert first["failure_type"] != "gpu_fell_off_bus" and XID not in json.dumps(first)
+        wait_until(lambda: [h for h in hooks.of("/hook") if h.json()["data"]["job_id"] == job_id],
+                   "the first alert")
+        _send_kernel(c, "gpu-node-30", [(t0 + 10 * STEPS + 5, XID)], how="kmsg")
+        detail = c.get(f"/v1/jobs/{job_id}").json()
+    report = detail["report"]
+    assert _diagnosis(report) == EXPECTED, report
+    assert report["culprits"]["hosts"] == ["gpu-node-30"] and report["root_cause"]["text"] == XID
+    assert [r["kind"] for r in detail["reports"]][-1] == "followup"
+    alerts = wait_until(lambda: [h.json()["data"] for h in hooks.of("/hook") if h.json()["data"]["job_id"] == job_id
+                                 and h.json()["data"]["report"]["failure_type"] == "gpu_fell_off_bus"] or None,
+                        "the follow-up alert")
+    note = alerts[0]["report"]["notes"][0]
+    assert note.startswith("follow-up") and first["failure_type"] in note and "gpu_fell_off_bus" in note
+    # The same event again (a shipper's retry) is one alert: the diagnosis did not change.
+    with server.client() as c:
+        _send_kernel(c, "gpu-node-30", [(t0 + 10 * STEPS + 5, XID)], how="kmsg")
+        assert len(c.get(f"/v1/jobs/{job_id}").json()["reports"]) == len(detail["reports"])
+
+
+# --- safety: only this job's hosts, only its time ---------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_node_events_of_other_hosts_or_times_change_nothing(server: Server) -> None:
+    """An Xid on a host of ANOTHER job, in this job's time, and one on this job's host hours before it
+    started or after it ended: this job's diagnosis is what its own lines say. The other job, whose host
+    it is, does take it (the event was not lost)."""
+    mine, theirs, t0 = "nodes-safe-a", "nodes-safe-b", T0 + 3 * 86400
+    with server.client() as c:
+        _send_pods(c, mine, base=40, t0=t0)
+        alone = c.post(f"/v1/jobs/{mine}/end", json={"exit_code": 1}).json()  # the reference: no node event
+
+        mine = "nodes-safe-a2"
+        _send_pods(c, mine, base=40, t0=t0)
+        _send_pods(c, theirs, base=42, t0=t0)
+        _send_kernel(c, "gpu-node-42", [(t0 + 10 * STEPS + 5, XID)])  # theirs, in my time
+        _send_kernel(c, "gpu-node-40", [(t0 - 3 * 3600, XID)])  # my host, 3 h before I started
+        mine_report = c.post(f"/v1/jobs/{mine}/end", json={"exit_code": 1}).json()
+        before = c.get(f"/v1/jobs/{mine}").json()["reports"]
+        _send_kernel(c, "gpu-node-41", [(t0 + 10 * STEPS + 605 + 3600, XID)])  # my host, an hour after my end
+        after = c.get(f"/v1/jobs/{mine}").json()
+        theirs_report = c.post(f"/v1/jobs/{theirs}/end", json={"exit_code": 1}).json()
+    for key in ("status", "category", "failure_type", "action", "culprits"):
+        assert mine_report[key] == alone[key], (key, mine_report, alone)
+    assert XID not in json.dumps(mine_report) and "gpu-node-42" not in json.dumps(mine_report)
+    assert after["reports"] == before and before[-1]["kind"] == "final"
+    assert after["report"]["failure_type"] == alone["failure_type"]
+    assert _diagnosis(theirs_report) == EXPECTED and theirs_report["culprits"]["hosts"] == ["gpu-node-42"]
+
+
+# --- the node endpoint and refusals -------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_node_endpoint_and_what_is_refused(server: Server) -> None:
+    """`POST /v1/nodes/{host}/logs` keeps every line as the host's; without a job a record naming no host
+    either is refused (422 when nothing else was usable), never answered 2xx and dropped."""
+    with server.client() as c:
+        r = c.post("/v1/nodes/gpu-node-77/logs", content="kernel: one\nkernel: NVRM: Xid 79\n",
+                   headers={"content-type": "text/plain"})
+        assert r.status_code == 200 and r.json()["node_lines"] == 2 and r.json()["host"] == "gpu-node-77", r.text
+        r = c.post("/v1/nodes/gpu-node-77/logs", content=b'{"message": "x", "job_id": "not-mine"}\n',
+                   headers=NDJSON)
+        assert r.status_code == 200 and r.json()["node_lines"] == 1, r.text  # job fields are ignored there
+        assert c.get("/v1/jobs/not-mine").status_code == 404
+        r = c.post("/v1/nodes/gpu-node-[1-3]/logs", content="x\n")
+        assert r.status_code == 422 and r.json()["error"]["code"] == "bad_host"
+        r = c.post("/v1/logs", content=b'{"message": "kernel: who am I"}\n', headers=NDJSON)
+        assert r.status_code == 422 and r.json()["error"]["refused"] == {"no_job": 1}, r.text
+        r = c.post("/v1/logs", content=b'{"message": "a", "host": "gpu-node-78"}\n{"message": "b"}\n',
+                   headers=NDJSON)
+        assert r.status_code == 200 and r.json()["node_lines"] == 1 and r.json()["refused"] == {"no_job": 1}
+
+
+# --- unit: the split and the bounds ------------------------------------------------------------------------
+
+
+def test_lines_without_a_job_go_to_their_host_or_are_refused() -> None:
+    batch = Batch()
+    batch.add("job-1", Source(host="gpu-node-01"), b"a job line")
+    batch.add(NO_JOB, Source(host="gpu-node-02", ts=T0), b"kernel: a node line")
+    batch.add(NO_JOB, Source(), b"nobody's")
+    batch.add(None, Source(host="gpu-node-03"), b"a text line without a job")
+    refused: dict[str, int] = {}
+    node_runs: list = []
+    by_job = runs_by_job(batch, refused, node_runs)
+    assert list(by_job) == ["job-1"] and refused == {"no_job": 1}
+    assert [(s.host, lines) for s, lines in node_runs] == [("gpu-node-02", [b"kernel: a node line"]),
+                                                          ("gpu-node-03", [b"a text line without a job"])]
+    refused = {}
+    runs_by_job(batch, refused)  # a caller that keeps no node lines refuses them all
+    assert refused == {"no_job": 3}
+
+
+def test_a_hosts_stream_is_bounded(tmp_path: Path) -> None:
+    db = Database(tmp_path / "n.db")
+    streams = NodeStreams(NodeStreamSettings(max_events_per_host=100, retain_s=3600), db)
+    now = time.time()
+    for i in range(3):
+        streams.keep("gpu-node-01", [(T0 + j, f"line {i}-{j}", j == 0) for j in range(60)], now + i)
+    streams.keep("gpu-node-02", [(T0, "other host", True)], now)
+    kept = streams.lines_of("gpu-node-01", 1000)
+    assert len(kept) <= 100 and {k["text"] for k in kept} >= {f"line 2-{j}" for j in range(60)}
+    assert len(streams.lines_of("gpu-node-02", 10)) == 1
+    streams.keep("gpu-node-02", [(T0, "much later", False)], now + 7200)  # the first is past retain_s
+    assert [k["text"] for k in streams.lines_of("gpu-node-02", 10)] == ["much later"]
+    notable = streams.notable_between("gpu-node-01", T0, None, 10)
+    assert [e.text for e in notable] == ["line 2-0"]
+    db.close()
