@@ -359,3 +359,88 @@ def test_a_hosts_stream_is_bounded(tmp_path: Path) -> None:
     notable = streams.notable_between("gpu-node-01", T0, None, 10)
     assert [e.text for e in notable] == ["line 2-0"]
     db.close()
+
+
+# --- several replicas -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def nats_prefix() -> Iterator[str]:
+    from conftest import nats_unreachable
+
+    why = nats_unreachable()
+    if why:
+        pytest.skip(why)
+    import asyncio
+    import uuid
+
+    prefix = "t" + uuid.uuid4().hex[:10]
+    yield prefix
+
+    async def delete_stream() -> None:
+        import nats
+
+        from conftest import NATS_URL
+
+        nc = await nats.connect(NATS_URL)
+        try:
+            await nc.jetstream().delete_stream(f"{prefix}-lines")
+        except Exception:
+            pass
+        await nc.close()
+
+    asyncio.run(delete_stream())
+
+
+@pytest.mark.integration
+def test_an_ingest_and_a_worker_replica_join_node_streams(tmp_path: Path, pg_url: str, nats_prefix: str) -> None:
+    """Cluster mode: the ingest replica keeps the node lines (PostgreSQL) and hands those of an open job to
+    its owner through the line bus; a late one, which the ingest replica does not act on, re-opens the
+    ended job's diagnosis on the worker, which alerts. A worker refuses uploads, node lines too."""
+    from conftest import NATS_URL
+
+    hooks = start_receiver()
+    extra = {"store": {"url": pg_url},
+             "bus": {"url": NATS_URL, "prefix": nats_prefix, "partitions": 2, "lease_s": 3.0}}
+    ingest = Server(tmp_path / "ingest", extra=extra, server={"replica_id": "ingest-0", "role": "ingest"})
+    worker = Server(tmp_path / "worker", receiver=hooks, extra=extra,
+                    server={"replica_id": "worker-0", "role": "worker", "early_diagnosis_delay_s": 0.2})
+    try:
+        ingest.start(timeout=120)
+        worker.start(timeout=120)
+        with ingest.client() as c:
+            wait_until(lambda: {p["owner"] for p in c.get("/v1/cluster").json()["partitions"]} == {"worker-0"},
+                       "the worker owns every partition")
+            t0 = T0 + 5 * 86400
+            _send_pods(c, "c-nodes-1", base=60, t0=t0)
+            _send_kernel(c, "gpu-node-60", [(t0 + 10 * STEPS + 5, XID)])
+
+            def early() -> dict | None:
+                report = c.get("/v1/jobs/c-nodes-1").json()["report"]
+                return report if report and report["failure_type"] == "gpu_fell_off_bus" else None
+
+            wait_until(early, "the owner's early diagnosis with the node's Xid")
+            report = c.post("/v1/jobs/c-nodes-1/end", json={"exit_code": 1}, timeout=60).json()
+            assert _diagnosis(report) == EXPECTED and report["culprits"]["hosts"] == ["gpu-node-60"], report
+
+            _send_pods(c, "c-nodes-2", base=62, t0=t0)
+            first = c.post("/v1/jobs/c-nodes-2/end", json={"exit_code": 1}, timeout=60).json()
+            assert first["failure_type"] != "gpu_fell_off_bus"
+            _send_kernel(c, "gpu-node-62", [(t0 + 10 * STEPS + 5, XID)], how="kmsg")
+
+            def reopened() -> dict | None:
+                detail = c.get("/v1/jobs/c-nodes-2").json()
+                return detail if detail["report"]["failure_type"] == "gpu_fell_off_bus" else None
+
+            detail = wait_until(reopened, "the worker re-opening the ended job's diagnosis")
+        assert detail["reports"][-1]["kind"] == "followup" and detail["report"]["culprits"]["hosts"] == ["gpu-node-62"]
+        wait_until(lambda: [h for h in hooks.of("/hook") if h.json()["data"]["job_id"] == "c-nodes-2"
+                            and h.json()["data"]["report"]["failure_type"] == "gpu_fell_off_bus"],
+                   "the follow-up alert from the worker")
+        with worker.client() as w:
+            r = w.post("/v1/logs", content=syslog_ng_kernel("gpu-node-64", [(t0, XID)]), headers=NDJSON)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "not_ingest", r.text
+    finally:
+        ingest.stop()
+        worker.stop()
+        hooks.close()

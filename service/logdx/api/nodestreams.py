@@ -61,6 +61,7 @@ _TABLES = """
     );
     CREATE INDEX nodestream_lines_host_ts ON nodestream_lines(host, notable, ts);
     CREATE INDEX nodestream_lines_host_received ON nodestream_lines(host, received_at);
+    CREATE INDEX nodestream_lines_notable_received ON nodestream_lines(notable, received_at);
     CREATE TABLE nodestream_job_hosts (
         job_id   TEXT NOT NULL,
         host     TEXT NOT NULL,
@@ -87,6 +88,8 @@ PG_MIGRATIONS = [_TABLES.format(real="DOUBLE PRECISION", blob="BYTEA")]
 _SPAN_SLACK_S = 60.0  # a job's span on a host is written again only when it grows by more than this
 _SPANS_CACHED = 100_000
 _SWEEP_EVERY_S = 600.0
+_LATE_SCAN_S = 2.0  # cluster workers look this often for late node lines an ingest replica stored
+_LATE_SCAN_LINES = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +185,12 @@ class NodeStreams:
         rows = self.db.query(sql + " ORDER BY ts, id LIMIT ?", (*params, limit))
         return [NodeEvent(r["id"], r["host"], r["ts"], r["text"]) for r in rows]
 
+    def notable_received(self, since: float, until: float, limit: int) -> list[NodeEvent]:
+        """Notable lines that arrived in (since, until], of any host."""
+        rows = self.db.query("SELECT id, host, ts, text FROM nodestream_lines WHERE notable = 1 AND received_at > ?"
+                             " AND received_at <= ? ORDER BY received_at LIMIT ?", (since, until, limit))
+        return [NodeEvent(r["id"], r["host"], r["ts"], r["text"]) for r in rows]
+
     def claim(self, job_id: str, events: Iterable[NodeEvent]) -> list[NodeEvent]:
         """The events not yet joined to the job, now marked joined (once, whichever replica asks)."""
         mine = []
@@ -223,10 +232,15 @@ class NodeStreams:
 class NodeJoiner:
     """Node lines in (uploads), joined to the jobs of their host and time; the job manager's hooks."""
 
-    def __init__(self, settings: NodeStreamSettings, streams: NodeStreams, jobs: JobManager) -> None:
+    def __init__(self, settings: NodeStreamSettings, streams: NodeStreams, jobs: JobManager, *,
+                 acts: bool = True, ingests: bool = True) -> None:
         self.settings = settings
         self.streams = streams
         self.jobs = jobs
+        self.acts = acts  # this replica alerts and acts: it re-opens ended jobs' diagnoses itself
+        self.ingests = ingests
+        self._stop = threading.Event()
+        self._scanner: threading.Thread | None = None
         self._spans: OrderedDict[tuple[str, str], tuple[float, float]] = OrderedDict()
         self._reopen_lock = threading.Lock()  # one re-opened diagnosis at a time in this process
         self._swept = 0.0
@@ -244,6 +258,9 @@ class NodeJoiner:
     def receive(self, runs: list[tuple[Source, list[bytes]]]) -> int:
         """Store node lines (each run names its host), then join the notable ones to the jobs of their
         host and time. Returns the lines stored."""
+        if not self.ingests:
+            raise ApiError(503, "not_ingest", "this replica only diagnoses (server.role: worker); "
+                           "send logs to an ingest replica")
         now = time.time()
         by_host: dict[str, list[tuple[float, str, bool]]] = {}
         notable = self.notable
@@ -260,19 +277,21 @@ class NodeJoiner:
             events = self.streams.keep(host, lines, now)
             stored += len(lines)
             if events:
-                self._join_new(host, events, now)
+                self._join_new(host, events, now, late=self.acts)
         return stored
 
-    def _join_new(self, host: str, events: list[NodeEvent], now: float) -> None:
+    def _join_new(self, host: str, events: list[NodeEvent], now: float, *, late: bool, live: bool = True) -> None:
+        """Events new to a host's stream, to the jobs that ran there: open ones (`live`), ended ones
+        within the grace window (`late`: only a replica that acts re-opens a diagnosis)."""
         s = self.settings
         for job in self.streams.jobs_on(host, now - s.reopen_grace_s):
             lo = job.first_ts - s.lead_s
             if job.state == "open":
                 mine = [e for e in events if e.ts >= lo]
-                if mine:
+                if mine and live:
                     self._inject(job.job_id, mine[: s.max_joined_per_host])
                 continue
-            if job.ended_at is None or now - job.ended_at > s.reopen_grace_s:
+            if not late or job.ended_at is None or now - job.ended_at > s.reopen_grace_s:
                 continue
             end = self.streams.job_end_ts(job.job_id)
             mine = [e for e in events if e.ts >= lo and (end is None or e.ts <= end + s.after_end_s)]
@@ -283,6 +302,36 @@ class NodeJoiner:
         if now - self._swept >= _SWEEP_EVERY_S:
             self._swept = now
             self.streams.sweep(now, self.settings.reopen_grace_s)
+
+    # -- cluster workers: late lines that an ingest replica stored ------------------------------------------
+
+    def start(self) -> None:
+        """On a cluster worker: look for late node lines other replicas stored (they do not act)."""
+        self._scanner = threading.Thread(target=self._scan_late, name="logdx-nodes-late", daemon=True)
+        self._scanner.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._scanner is not None:
+            self._scanner.join(10)
+
+    def _scan_late(self) -> None:
+        since = time.time() - self.settings.reopen_grace_s
+        while not self._stop.wait(_LATE_SCAN_S):
+            try:
+                until = time.time() - 0.5  # a line stored this instant is read next time (no gap between scans)
+                events = self.streams.notable_received(since, until, _LATE_SCAN_LINES)
+                by_host: dict[str, list[NodeEvent]] = {}
+                for e in events:
+                    by_host.setdefault(e.host, []).append(e)
+                for host, mine in by_host.items():
+                    self._join_new(host, mine, time.time(), late=True, live=False)
+                if len(events) == _LATE_SCAN_LINES:
+                    log.warning("node streams: more than %d notable node lines in %.0f s; some late ones may not "
+                                "re-open a diagnosis", _LATE_SCAN_LINES, until - since)
+                since = until
+            except Exception:
+                log.exception("node streams: the scan for late node lines failed (retrying)")
 
     # -- a job's lines arrive ---------------------------------------------------------------------------
 

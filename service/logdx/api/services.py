@@ -90,7 +90,9 @@ class Services:
                        responder=responder, actor=actor, sweeper=sweeper,
                        quota=JobQuota(settings.server, lambda: _open_jobs(db)),
                        auth=Authenticator(settings.server), tenants=Tenants(db))
-        services.nodes = NodeJoiner(settings.nodes, NodeStreams(settings.nodes, db), jobs)
+        role = settings.server.role
+        services.nodes = NodeJoiner(settings.nodes, NodeStreams(settings.nodes, db), jobs,
+                                    acts=role in WORKER_ROLES, ingests=role != "worker")
         services.readiness.component("rules")
         if settings.retrieval.enabled:
             services.readiness.component("retrieval")
@@ -150,6 +152,8 @@ class Services:
         if self.acts:
             self.actor.start()
             self.responder.start()
+            if self.cluster is not None and self.nodes is not None:
+                self.nodes.start()  # late node lines that ingest replicas stored re-open diagnoses here
         self.sweeper.start()
 
     async def load_engine(self, engine: Engine | None = None) -> None:
@@ -242,6 +246,8 @@ class Services:
 
     def stop(self) -> None:
         self.sweeper.stop()
+        if self.nodes is not None:
+            self.nodes.stop()
         self.jobs.close()  # a cluster's owner saves and hands back its partitions first
         self.actor.stop()
         self.responder.close()
