@@ -87,7 +87,10 @@ class Receiver:
         # Node streams: lines naming a host and no job, kept when the request commits; where each job's
         # lines came from (host: first, last time), joined to those hosts' streams then.
         self.node_host = node_host  # POST /v1/nodes/{host}/logs: every line is this host's
-        self.node_runs: list[tuple[Source, list[bytes]]] | None = [] if services.nodes is not None else None
+        # A tenant's token writes only into its tenant's jobs, and node lines join every job on their host:
+        # from such a token they stay refused (`no_job`), as before node streams.
+        takes_nodes = services.nodes is not None and not _tenant_of(request)
+        self.node_runs: list[tuple[Source, list[bytes]]] | None = [] if takes_nodes else None
         self.node_bytes = 0
         self.spans: dict[str, dict[str, tuple[float, float]]] = {}
 
@@ -255,6 +258,10 @@ class Receiver:
 
 
 _MAX_NODE_BYTES = 64 << 20
+
+
+def _tenant_of(request: Request) -> str:
+    return getattr(getattr(request.state, "principal", None), "tenant", "") or ""
 
 
 def _note_spans(spans: dict[str, tuple[float, float]], runs: list[tuple[Source, list[bytes]]]) -> None:
@@ -512,6 +519,9 @@ async def post_node_logs(
         raise ApiError(422, "bad_host", "the host must be one plain host name (no range, list or spaces)")
     if services.nodes is None:
         raise ApiError(503, "not_ready", "node streams are not open")
+    if _tenant_of(request):
+        raise ApiError(403, "tenant_mismatch", "a node's lines join every job on it: send them with a token "
+                       "without a tenant (a cluster-wide shipper)")
     upload = _open_upload(request, services, None, fmt, node_host=name)
     out = await Receiver(request, services, upload, None, node_host=name).receive()
     await _settle(request, services, upload, out)
