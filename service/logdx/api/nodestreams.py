@@ -381,6 +381,7 @@ class NodeJoiner:
         """The job ends: join what its hosts' streams hold for it (hosts named by its lines' prefixes
         too), then keep its session for the late events of `nodes.reopen_grace_s`."""
         s = self.settings
+        self._sweep(time.time())
         summary = session.summary()
         spans = self.streams.spans(job_id)
         if summary.first_ts is not None and summary.last_ts is not None:

@@ -223,13 +223,18 @@ class Receiver:
     async def _commit_nodes(self) -> None:
         """Keep the node lines, then note where the jobs' lines came from (each joins its hosts' streams)."""
         nodes = self.services.nodes
-        if nodes is None:
+        if nodes is None or not (self.node_runs or self.spans):
             return
-        if self.node_runs:
-            self.out.node_lines = await self.services.run(self._charged(nodes.receive), self.node_runs)
-        for job_id, spans in self.spans.items():
-            if self.out.results.get(job_id, {}).get("accepted_lines"):
-                await self.services.run(nodes.job_spans, job_id, spans)
+
+        def commit() -> None:
+            assert nodes is not None
+            if self.node_runs:
+                self.out.node_lines = nodes.receive(self.node_runs)
+            for job_id, spans in self.spans.items():
+                if self.out.results.get(job_id, {}).get("accepted_lines"):
+                    nodes.job_spans(job_id, spans)
+
+        await self.services.run(self._charged(commit))
 
     def _charged(self, fn: Callable[..., T]) -> Callable[..., T]:
         budget = self.upload.budget
