@@ -185,6 +185,25 @@ def test_kernel_log_before_the_pods_lines_is_the_root(server: Server) -> None:
 
 
 @pytest.mark.integration
+def test_hosts_named_by_the_lines_own_prefixes_join_at_the_end(server: Server) -> None:
+    """A job's text lines with pdsh-style `host: ` prefixes and no times, the node's kernel line sent to
+    `/v1/nodes/{host}/logs` without a time either: the job's hosts and its life by the clock join them."""
+    job_id = "nodes-prefixes-1"
+    lines = [f"gpu-node-70: {line.replace('[E501 12:10:00.000000000 ProcessGroupNCCL.cpp:616] ', '')}"
+             for rank in range(8) for _, line in pod_lines(rank)]  # (a glog stamp would be a time)
+    with server.client() as c:
+        r = c.post(f"/v1/jobs/{job_id}/logs", content="\n".join(lines) + "\n", headers={"content-type": "text/plain"})
+        assert r.status_code == 200 and r.json()["accepted_lines"] == len(lines), r.text
+        r = c.post("/v1/nodes/gpu-node-70/logs", content=f"{HARMLESS_KERNEL[0]}\n{XID}\n",
+                   headers={"content-type": "text/plain"})
+        assert r.status_code == 200 and r.json()["node_lines"] == 2, r.text
+        r = c.post("/v1/nodes/gpu-node-71/logs", content=f"{XID}\n", headers={"content-type": "text/plain"})
+        report = c.post(f"/v1/jobs/{job_id}/end", json={"exit_code": 1}).json()
+    assert _diagnosis(report) == EXPECTED, report
+    assert report["culprits"]["hosts"] == ["gpu-node-70"] and report["root_cause"]["text"] == XID
+
+
+@pytest.mark.integration
 def test_late_kernel_line_reopens_the_diagnosis_with_a_follow_up(server: Server, hooks: Receiver) -> None:
     """The kernel line arrives after the job's end, within `nodes.reopen_grace_s`: the diagnosis is made
     again with it, stored, and a second alert says what changed."""

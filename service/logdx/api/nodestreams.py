@@ -172,6 +172,9 @@ class NodeStreams:
             " ON j.job_id = h.job_id WHERE h.host = ? AND (j.state = 'open' OR j.ended_at >= ?)", (host, ended_since))
         return [JobOnHost(r["job_id"], r["first_ts"], r["state"], r["ended_at"]) for r in rows]
 
+    def created_at(self, job_id: str) -> float | None:
+        return self.db.query_value("SELECT created_at FROM api_jobs WHERE job_id = ?", (job_id,))
+
     def job_end_ts(self, job_id: str) -> float | None:
         """The last time the job had a line anywhere (its clock: the lines' timestamps)."""
         return self.db.query_value("SELECT MAX(last_ts) FROM nodestream_job_hosts WHERE job_id = ?", (job_id,))
@@ -384,11 +387,13 @@ class NodeJoiner:
         self._sweep(time.time())
         summary = session.summary()
         spans = self.streams.spans(job_id)
-        if summary.first_ts is not None and summary.last_ts is not None:
-            for host in summary.hosts:
-                if host not in spans:
-                    self.streams.note_span(job_id, host, summary.first_ts, summary.last_ts)
-                    spans[host] = (summary.first_ts, summary.last_ts)
+        first, last = summary.first_ts, summary.last_ts
+        if first is None or last is None:  # lines without times: the job's own life, by the clock
+            first, last = self.streams.created_at(job_id) or time.time(), time.time()
+        for host in summary.hosts:
+            if host not in spans:
+                self.streams.note_span(job_id, host, first, last)
+                spans[host] = (first, last)
         if not spans:
             return
         end = max(t1 for _, t1 in spans.values())
