@@ -363,9 +363,8 @@ def test_lines_without_a_job_go_to_their_host_or_are_refused() -> None:
     assert refused == {"no_job": 3}
 
 
-def test_a_hosts_stream_is_bounded(tmp_path: Path) -> None:
-    db = Database(tmp_path / "n.db")
-    streams = NodeStreams(NodeStreamSettings(max_events_per_host=100, retain_s=3600), db)
+def test_a_hosts_stream_is_bounded(backend_db: Database) -> None:
+    streams = NodeStreams(NodeStreamSettings(max_events_per_host=100, retain_s=3600), backend_db)
     now = time.time()
     for i in range(3):
         streams.keep("gpu-node-01", [(T0 + j, f"line {i}-{j}", j == 0) for j in range(60)], now + i)
@@ -377,7 +376,19 @@ def test_a_hosts_stream_is_bounded(tmp_path: Path) -> None:
     assert [k["text"] for k in streams.lines_of("gpu-node-02", 10)] == ["much later"]
     notable = streams.notable_between("gpu-node-01", T0, None, 10)
     assert [e.text for e in notable] == ["line 2-0"]
-    db.close()
+
+
+def test_spans_grow_and_each_event_joins_a_job_once(backend_db: Database) -> None:
+    streams = NodeStreams(NodeStreamSettings(), backend_db)
+    assert streams.note_span("job-1", "gpu-node-01", T0 + 10, T0 + 20) is True
+    assert streams.note_span("job-1", "gpu-node-01", T0, T0 + 15) is False
+    assert streams.note_span("job-1", "gpu-node-01", T0 + 5, T0 + 30) is False
+    assert streams.spans("job-1") == {"gpu-node-01": (T0, T0 + 30)} and streams.job_end_ts("job-1") == T0 + 30
+    events = streams.keep("gpu-node-01", [(T0 + 1, "NVRM: Xid 79", True), (T0 + 2, "NVRM: Xid 48", True)], time.time())
+    assert streams.claim("job-1", events) == events
+    assert streams.claim("job-1", events) == [] and streams.claim("job-2", events[:1]) == events[:1]
+    streams.unclaim("job-1", events[1:])
+    assert streams.claim("job-1", events) == events[1:] and streams.joined_count("job-1") == 2
 
 
 # --- several replicas -------------------------------------------------------------------------------------
