@@ -376,6 +376,8 @@ def test_a_hosts_stream_is_bounded(backend_db: Database) -> None:
     assert [k["text"] for k in streams.lines_of("gpu-node-02", 10)] == ["much later"]
     notable = streams.notable_between("gpu-node-01", T0, None, 10)
     assert [e.text for e in notable] == ["line 2-0"]
+    streams.keep("gpu-node-03", [(T0 + j, f"big {j}", False) for j in range(250)], now)  # one batch past the bound
+    assert [k["text"] for k in streams.lines_of("gpu-node-03", 1000)] == [f"big {j}" for j in range(249, 149, -1)]
 
 
 def test_spans_grow_and_each_event_joins_a_job_once(backend_db: Database) -> None:

@@ -125,9 +125,10 @@ class NodeStreams:
         """Store a host's lines (ts, text, notable); returns the notable ones as events. The host's
         stream is then cut to its bounds (count, age)."""
         rows, notable = [], []
-        for ts, text, flag in lines:
+        for k, (ts, text, flag) in enumerate(lines):
             event = NodeEvent(uuid.uuid4().hex, host, ts, text)
-            rows.append((event.id, host, ts, now, int(flag), text))
+            # arrival order within a batch too: the count bound cuts between lines, never through a batch
+            rows.append((event.id, host, ts, now + k * 1e-6, int(flag), text))
             if flag:
                 notable.append(event)
         if rows:
