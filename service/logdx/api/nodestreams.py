@@ -29,6 +29,7 @@ used to be refused (`no_job`), and the job was diagnosed from a victim's watchdo
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -119,6 +120,8 @@ class NodeStreams:
     def __init__(self, settings: NodeStreamSettings, db: Store) -> None:
         self.settings = settings
         self.db = db
+        # Line ids: this process's random prefix and a counter (unique across replicas, cheaper than a uuid each).
+        self._id_prefix, self._id_count = uuid.uuid4().hex[:16], itertools.count()  # next(count) is atomic
         migrate(db, COMPONENT, MIGRATIONS, postgres=PG_MIGRATIONS)
 
     def keep(self, host: str, lines: Iterable[tuple[float, str, bool]], now: float) -> list[NodeEvent]:
@@ -126,15 +129,16 @@ class NodeStreams:
         stream is then cut to its bounds (count, age)."""
         rows, notable = [], []
         for k, (ts, text, flag) in enumerate(lines):
-            event = NodeEvent(uuid.uuid4().hex, host, ts, text)
+            event = NodeEvent(f"{self._id_prefix}{next(self._id_count):x}", host, ts, text)
             # arrival order within a batch too: the count bound cuts between lines, never through a batch
             rows.append((event.id, host, ts, now + k * 1e-6, int(flag), text))
             if flag:
                 notable.append(event)
         if rows:
-            self.db.executemany("INSERT INTO nodestream_lines(id, host, ts, received_at, notable, text)"
-                                " VALUES (?,?,?,?,?,?)", rows)
-            self._bound(host, now)
+            with self.db.transaction():  # one commit for the batch (a statement alone commits itself)
+                self.db.executemany("INSERT INTO nodestream_lines(id, host, ts, received_at, notable, text)"
+                                    " VALUES (?,?,?,?,?,?)", rows)
+                self._bound(host, now)
         return notable
 
     def _bound(self, host: str, now: float) -> None:
@@ -206,8 +210,9 @@ class NodeStreams:
         return mine
 
     def unclaim(self, job_id: str, events: Iterable[NodeEvent]) -> None:
-        self.db.executemany("DELETE FROM nodestream_joined WHERE job_id = ? AND event_id = ?",
-                            [(job_id, e.id) for e in events])
+        with self.db.transaction():
+            self.db.executemany("DELETE FROM nodestream_joined WHERE job_id = ? AND event_id = ?",
+                                [(job_id, e.id) for e in events])
 
     def joined_count(self, job_id: str) -> int:
         return int(self.db.query_value("SELECT COUNT(*) FROM nodestream_joined WHERE job_id = ?", (job_id,)) or 0)
