@@ -391,6 +391,8 @@ def test_spans_grow_and_each_event_joins_a_job_once(backend_db: Database) -> Non
     assert streams.claim("job-1", events) == [] and streams.claim("job-2", events[:1]) == events[:1]
     streams.unclaim("job-1", events[1:])
     assert streams.claim("job-1", events) == events[1:] and streams.joined_count("job-1") == 2
+    assert streams.notable_between("gpu-node-01", T0, None, 1, unjoined_to="job-2") == events[1:]
+    assert streams.notable_between("gpu-node-01", T0, T0 + 1, 10) == events[:1]
 
 
 # --- several replicas -------------------------------------------------------------------------------------

@@ -91,6 +91,7 @@ _SPANS_CACHED = 100_000
 _SWEEP_EVERY_S = 600.0
 _LATE_SCAN_S = 2.0  # cluster workers look this often for late node lines an ingest replica stored
 _LATE_SCAN_LINES = 10_000
+_LATE_SCAN_LAG_S = 5.0  # lines are read this long after they were stamped: a slow commit is not skipped
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,9 +185,16 @@ class NodeStreams:
         """The last time the job had a line anywhere (its clock: the lines' timestamps)."""
         return self.db.query_value("SELECT MAX(last_ts) FROM nodestream_job_hosts WHERE job_id = ?", (job_id,))
 
-    def notable_between(self, host: str, lo: float, hi: float | None, limit: int) -> list[NodeEvent]:
+    def notable_between(self, host: str, lo: float, hi: float | None, limit: int,
+                        unjoined_to: str | None = None) -> list[NodeEvent]:
+        """A host's notable lines from `lo` to `hi` (None: no end), earliest first; with `unjoined_to`,
+        only those not joined to that job yet (the limit counts what is left to join)."""
         sql = "SELECT id, host, ts, text FROM nodestream_lines WHERE host = ? AND notable = 1 AND ts >= ?"
         params: list[Any] = [host, lo]
+        if unjoined_to is not None:
+            sql += (" AND NOT EXISTS (SELECT 1 FROM nodestream_joined j WHERE j.job_id = ?"
+                    " AND j.event_id = nodestream_lines.id)")
+            params.append(unjoined_to)
         if hi is not None:
             sql += " AND ts <= ?"
             params.append(hi)
@@ -328,7 +336,7 @@ class NodeJoiner:
         since = time.time() - self.settings.reopen_grace_s
         while not self._stop.wait(_LATE_SCAN_S):
             try:
-                until = time.time() - 0.5  # a line stored this instant is read next time (no gap between scans)
+                until = time.time() - _LATE_SCAN_LAG_S  # lines committed late are still read (no gap)
                 events = self.streams.notable_received(since, until, _LATE_SCAN_LINES)
                 by_host: dict[str, list[NodeEvent]] = {}
                 for e in events:
@@ -356,7 +364,7 @@ class NodeJoiner:
                 self._spans.popitem(last=False)
             if self.streams.note_span(job_id, host, t0, t1):
                 held = self.streams.notable_between(host, t0 - self.settings.lead_s, None,
-                                                    self.settings.max_joined_per_host)
+                                                    self.settings.max_joined_per_host, unjoined_to=job_id)
                 if held:
                     self._inject(job_id, held)
 
@@ -388,7 +396,16 @@ class NodeJoiner:
 
     def before_final(self, job_id: str, session: Session, exit_code: int | None) -> None:
         """The job ends: join what its hosts' streams hold for it (hosts named by its lines' prefixes
-        too), then keep its session for the late events of `nodes.reopen_grace_s`."""
+        too), then keep its session for the late events of `nodes.reopen_grace_s`. A failure here is
+        logged and the job diagnosed without them (a store outage is raised: the end is tried again)."""
+        try:
+            self._join_at_end(job_id, session, exit_code)
+        except StoreError:
+            raise
+        except Exception:
+            log.exception("job %s: its hosts' node events could not be joined; diagnosed without them", job_id)
+
+    def _join_at_end(self, job_id: str, session: Session, exit_code: int | None) -> None:
         s = self.settings
         self._sweep(time.time())
         summary = session.summary()
@@ -405,7 +422,8 @@ class NodeJoiner:
         end = max(t1 for _, t1 in spans.values())
         held: list[NodeEvent] = []
         for host, (t0, _) in spans.items():
-            held += self.streams.notable_between(host, t0 - s.lead_s, end + s.after_end_s, s.max_joined_per_host)
+            held += self.streams.notable_between(host, t0 - s.lead_s, end + s.after_end_s, s.max_joined_per_host,
+                                                 unjoined_to=job_id)
         _feed(session, self.streams.claim(job_id, held))
         if s.reopen_grace_s > 0:
             self.streams.save_ended(job_id, time.time(), exit_code, session.snapshot())
