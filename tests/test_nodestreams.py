@@ -185,6 +185,51 @@ def test_kernel_log_before_the_pods_lines_is_the_root(server: Server) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")
+def test_real_otel_sdk_and_loki_clients_ship_node_lines(server: Server) -> None:
+    """The OpenTelemetry SDK's OTLP exporter (the node in the resource's `host.name`, no job attribute) and
+    python-logging-loki (the node as Loki's `node` label, no job label) send node lines, stamped now by the
+    clients themselves; the job's pods (Fluent Bit msgpack) ran until a moment ago."""
+    import logging
+
+    import logging_loki
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+    from opentelemetry.sdk._logs import LoggerProvider, LoggingHandler
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+    from opentelemetry.sdk.resources import Resource
+
+    job_id, t0 = "nodes-clients-1", time.time() - 10 * STEPS - 700
+    with server.client() as c:
+        _send_pods(c, job_id, base=80, t0=t0)
+    provider = LoggerProvider(resource=Resource.create({"service.name": "kernel", "host.name": "gpu-node-81"}))
+    provider.add_log_record_processor(BatchLogRecordProcessor(
+        OTLPLogExporter(endpoint=server.url + "/v1/logs", timeout=10), schedule_delay_millis=200))
+    for name, handler, line in (
+            ("otel", LoggingHandler(logger_provider=provider), HARMLESS_KERNEL[0]),
+            ("loki", logging_loki.LokiHandler(url=server.url + "/loki/api/v1/push", version="1",
+                                              tags={"node": "gpu-node-80", "app": "kernel"}), XID)):
+        logger = logging.getLogger(f"logdx-test.nodes.{name}")
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
+        logger.addHandler(handler)
+        logger.warning(line)
+        logger.removeHandler(handler)
+    assert provider.force_flush(20_000)
+    provider.shutdown()
+    with server.client() as c:
+        kept = c.get("/v1/nodes/gpu-node-81/logs").json()["lines"]
+        assert [(line["text"], line["notable"]) for line in kept] == [(HARMLESS_KERNEL[0], False)], kept
+        def early() -> dict | None:
+            report = c.get(f"/v1/jobs/{job_id}").json()["report"]
+            return report if report and report["failure_type"] == "gpu_fell_off_bus" else None
+
+        wait_until(early, "the job's diagnosis with the Xid the Loki client shipped")
+        report = c.post(f"/v1/jobs/{job_id}/end", json={"exit_code": 1}).json()
+    assert _diagnosis(report) == EXPECTED, report
+    assert report["culprits"]["hosts"] == ["gpu-node-80"] and report["root_cause"]["text"] == XID
+
+
+@pytest.mark.integration
 def test_hosts_named_by_the_lines_own_prefixes_join_at_the_end(server: Server) -> None:
     """A job's text lines with pdsh-style `host: ` prefixes and no times, the node's kernel line sent to
     `/v1/nodes/{host}/logs` without a time either: the job's hosts and its life by the clock join them."""
