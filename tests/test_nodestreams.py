@@ -143,6 +143,15 @@ def _kernel_of_culprit(at: float = T_FAIL) -> list[tuple[float, str]]:
     return [(T0 - 30, HARMLESS_KERNEL[0]), (T0 + 1, HARMLESS_KERNEL[1]), (at, XID)]
 
 
+def _wait_for_the_xid(c: httpx.Client, job_id: str, what: str) -> dict:
+    """The job's current report, once it names the Xid's failure (an early one while the job is open)."""
+    def named() -> dict | None:
+        report = c.get(f"/v1/jobs/{job_id}").json()["report"]
+        return report if report and report["failure_type"] == "gpu_fell_off_bus" else None
+
+    return wait_until(named, what)
+
+
 def _diagnosis(report: dict) -> dict:
     return {k: report[k] for k in EXPECTED}
 
@@ -160,11 +169,7 @@ def test_kernel_log_after_the_pods_lines_is_the_root(server: Server) -> None:
         _send_kernel(c, host_of(CULPRIT), _kernel_of_culprit())
         _send_kernel(c, host_of(8), [(T0 + 5, HARMLESS_KERNEL[2])])
 
-        def early() -> dict | None:
-            report = c.get(f"/v1/jobs/{job_id}").json()["report"]
-            return report if report and report["failure_type"] == "gpu_fell_off_bus" else None
-
-        wait_until(early, "the early diagnosis with the node's Xid")
+        _wait_for_the_xid(c, job_id, "the early diagnosis with the node's Xid")
         report = c.post(f"/v1/jobs/{job_id}/end", json={"exit_code": 1}).json()
     assert _diagnosis(report) == EXPECTED, report
     assert report["culprits"]["hosts"] == [host_of(CULPRIT)]
@@ -219,11 +224,7 @@ def test_real_otel_sdk_and_loki_clients_ship_node_lines(server: Server) -> None:
     with server.client() as c:
         kept = c.get("/v1/nodes/gpu-node-81/logs").json()["lines"]
         assert [(line["text"], line["notable"]) for line in kept] == [(HARMLESS_KERNEL[0], False)], kept
-        def early() -> dict | None:
-            report = c.get(f"/v1/jobs/{job_id}").json()["report"]
-            return report if report and report["failure_type"] == "gpu_fell_off_bus" else None
-
-        wait_until(early, "the job's diagnosis with the Xid the Loki client shipped")
+        _wait_for_the_xid(c, job_id, "the job's diagnosis with the Xid the Loki client shipped")
         report = c.post(f"/v1/jobs/{job_id}/end", json={"exit_code": 1}).json()
     assert _diagnosis(report) == EXPECTED, report
     assert report["culprits"]["hosts"] == ["gpu-node-80"] and report["root_cause"]["text"] == XID
@@ -494,11 +495,7 @@ def test_an_ingest_and_a_worker_replica_join_node_streams(tmp_path: Path, pg_url
             _send_pods(c, "c-nodes-1", base=60, t0=t0)
             _send_kernel(c, "gpu-node-60", [(t0 + 10 * STEPS + 5, XID)])
 
-            def early() -> dict | None:
-                report = c.get("/v1/jobs/c-nodes-1").json()["report"]
-                return report if report and report["failure_type"] == "gpu_fell_off_bus" else None
-
-            wait_until(early, "the owner's early diagnosis with the node's Xid")
+            _wait_for_the_xid(c, "c-nodes-1", "the owner's early diagnosis with the node's Xid")
             report = c.post("/v1/jobs/c-nodes-1/end", json={"exit_code": 1}, timeout=60).json()
             assert _diagnosis(report) == EXPECTED and report["culprits"]["hosts"] == ["gpu-node-60"], report
 
