@@ -315,7 +315,7 @@ def runs_by_job(batch: Batch, refused: dict[str, int],
                 else:
                     refused["no_job"] = refused.get("no_job", 0) + len(lines)
             continue
-        if job is None or not job or not _JOB_ID.fullmatch(job):
+        if not job or not _JOB_ID.fullmatch(job):
             reason = "no_job" if not job else "bad_job_id"
             refused[reason] = refused.get(reason, 0) + sum(len(lines) for _, lines in runs)
             continue
