@@ -91,6 +91,7 @@ _SPANS_CACHED = 100_000
 _SWEEP_EVERY_S = 600.0
 _LATE_SCAN_S = 2.0  # cluster workers look this often for late node lines an ingest replica stored
 _LATE_SCAN_LINES = 10_000
+_LATE_SCAN_OUTAGE_S = 10.0
 _LATE_SCAN_LAG_S = 5.0  # lines are read this long after they were stamped: a slow commit is not skipped
 
 
@@ -334,7 +335,9 @@ class NodeJoiner:
 
     def _scan_late(self) -> None:
         since = time.time() - self.settings.reopen_grace_s
-        while not self._stop.wait(_LATE_SCAN_S):
+        wait, warned = _LATE_SCAN_S, 0.0
+        while not self._stop.wait(wait):
+            wait = _LATE_SCAN_S
             try:
                 until = time.time() - _LATE_SCAN_LAG_S  # lines committed late are still read (no gap)
                 events = self.streams.notable_received(since, until, _LATE_SCAN_LINES)
@@ -347,6 +350,11 @@ class NodeJoiner:
                     log.warning("node streams: more than %d notable node lines in %.0f s; some late ones may not "
                                 "re-open a diagnosis", _LATE_SCAN_LINES, until - since)
                 since = until
+            except StoreError as e:  # an outage: the scan waits it out quietly (it resumes where it stopped)
+                wait = _LATE_SCAN_OUTAGE_S
+                if time.monotonic() - warned >= 30.0:
+                    warned = time.monotonic()
+                    log.warning("node streams: the scan for late node lines waits for the store (%s)", e)
             except Exception:
                 log.exception("node streams: the scan for late node lines failed (retrying)")
 
