@@ -409,6 +409,22 @@ def test_lines_without_a_job_go_to_their_host_or_are_refused() -> None:
     assert refused == {"no_job": 3}
 
 
+def test_a_gpu_health_event_is_a_node_line() -> None:
+    """An NVSentinel-style health event (its JSON: `nodeName`, `message`, `generatedTimestamp`, no job) is
+    a line of its node, at its time."""
+    from logdx import formats
+    from logdx.formats import Meta
+
+    event = {"version": 1, "agent": "syslog-health-monitor", "componentClass": "GPU", "checkName": "SysLogsXIDError",
+             "isFatal": True, "isHealthy": False, "message": XID, "recommendedAction": "RESTART_BM",
+             "errorCode": ["79"], "nodeName": "gpu-node-90", "generatedTimestamp": "2024-05-01T12:03:25Z"}
+    _, parser = formats.choose(Meta(), name="ndjson", http=False)
+    batch = parser.feed(json.dumps(event).encode() + b"\n").merge(parser.finish())
+    node_runs: list = []
+    assert runs_by_job(batch, {}, node_runs) == {}
+    assert [(s.host, s.ts, lines) for s, lines in node_runs] == [("gpu-node-90", T0 + 205, [XID.encode()])]
+
+
 def test_a_hosts_stream_is_bounded(backend_db: Database) -> None:
     streams = NodeStreams(NodeStreamSettings(max_events_per_host=100, retain_s=3600), backend_db)
     now = time.time()

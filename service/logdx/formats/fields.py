@@ -33,9 +33,10 @@ MAX_RANK = 1 << 24
 MAX_JOB_ID = 128
 MESSAGE_KEYS = ("message", "log", "msg", "MESSAGE", "short_message", "line")
 HOST_KEYS = ("host", "hostname", "_HOSTNAME", "_hostname", "host.name", "k8s.node.name", "kubernetes.host",
-             "kubernetes.pod_node_name")
+             "kubernetes.pod_node_name", "nodeName")  # nodeName: NVSentinel's health events
 RANK_KEYS = ("rank", "RANK")
-TS_KEYS = ("ts", "timestamp", "date", "time", "@timestamp", "__REALTIME_TIMESTAMP", "__realtime_timestamp")
+TS_KEYS = ("ts", "timestamp", "date", "time", "@timestamp", "__REALTIME_TIMESTAMP", "__realtime_timestamp",
+           "generatedTimestamp")
 POD_KEYS = ("kubernetes.pod_name", "k8s.pod.name")
 _ORDINAL = re.compile(r"-(\d{1,6})$")
 
