@@ -373,9 +373,10 @@ def test_node_endpoint_and_what_is_refused(server: Server) -> None:
     """`POST /v1/nodes/{host}/logs` keeps every line as the host's; without a job a record naming no host
     either is refused (422 when nothing else was usable), never answered 2xx and dropped."""
     with server.client() as c:
-        r = c.post("/v1/nodes/gpu-node-77/logs", content="kernel: one\nkernel: NVRM: Xid 79\n",
+        r = c.post("/v1/nodes/gpu-node-77/logs", content="kernel: one\n  \nkernel: NVRM: Xid 79\n",
                    headers={"content-type": "text/plain"})
         assert r.status_code == 200 and r.json()["node_lines"] == 2 and r.json()["host"] == "gpu-node-77", r.text
+        assert r.json()["refused"] == {"empty": 1}
         r = c.post("/v1/nodes/gpu-node-77/logs", content=b'{"message": "x", "job_id": "not-mine"}\n',
                    headers=NDJSON)
         assert r.status_code == 200 and r.json()["node_lines"] == 1, r.text  # job fields are ignored there

@@ -273,15 +273,16 @@ class NodeJoiner:
 
     # -- node lines arrive ------------------------------------------------------------------------
 
-    def receive(self, runs: list[tuple[Source, list[bytes]]]) -> int:
+    def receive(self, runs: list[tuple[Source, list[bytes]]]) -> tuple[int, int]:
         """Store node lines (each run names its host), then join the notable ones to the jobs of their
-        host and time. Returns the lines stored."""
+        host and time. Returns the lines stored and the blank ones left out."""
         if not self.ingests:
             raise ApiError(503, "not_ingest", "this replica only diagnoses (server.role: worker); "
                            "send logs to an ingest replica")
         now = time.time()
         by_host: dict[str, list[tuple[float, str, bool]]] = {}
         notable = self.notable
+        blank = 0
         for source, lines in runs:
             assert source.host
             ts = source.ts if source.ts is not None else now
@@ -289,6 +290,8 @@ class NodeJoiner:
                 text = raw.decode("utf-8", "replace").rstrip("\r\n")
                 if text.strip():
                     by_host.setdefault(source.host, []).append((ts, text, notable(text)))
+                else:
+                    blank += 1
         self._sweep(now)
         stored = 0
         for host, lines in by_host.items():
@@ -296,7 +299,7 @@ class NodeJoiner:
             stored += len(lines)
             if events:
                 self._join_new(host, events, now, late=self.acts)
-        return stored
+        return stored, blank
 
     def _join_new(self, host: str, events: list[NodeEvent], now: float, *, late: bool, live: bool = True) -> None:
         """Events new to a host's stream, to the jobs that ran there: open ones (`live`), ended ones

@@ -229,7 +229,9 @@ class Receiver:
         def commit() -> None:
             assert nodes is not None
             if self.node_runs:
-                self.out.node_lines = nodes.receive(self.node_runs)
+                self.out.node_lines, blank = nodes.receive(self.node_runs)
+                if blank:  # a blank line makes no node event: counted, as an empty record is
+                    self.upload.refused["empty"] = self.upload.refused.get("empty", 0) + blank
             for job_id, spans in self.spans.items():
                 if self.out.results.get(job_id, {}).get("accepted_lines"):
                     nodes.job_spans(job_id, spans)
