@@ -147,3 +147,19 @@ def test_logdx_token_in_the_environment_is_the_shippers_and_is_accepted(tmp_path
     serve = subprocess.run([sys.executable, "-m", "logdx", "serve", "--port", "0"], capture_output=True, env=env,
                            timeout=300, check=False)
     assert serve.returncode == 2 and "--port must be in 1..65535" in serve.stderr.decode(), serve.stderr.decode()
+
+
+def test_node_lines_come_only_from_cluster_wide_shippers(app: LoopbackApp) -> None:
+    """Node lines (a host, no job) join every job on their host, whoever's: a tenant's token may not send
+    them (its no-job records stay refused), the nodes' DaemonSet token may."""
+    record = b'{"log": "kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", "host": "node-09"}\n'
+    ndjson = {"content-type": "application/x-ndjson"}
+    with _as(app, "fluentbit-a") as a, _as(app, "daemonset") as d:
+        assert _code(a.post("/v1/nodes/node-09/logs", content=b"kernel: x\n", headers={"x-a": "1"})) == (
+            403, "tenant_mismatch")
+        r = a.post("/v1/logs", content=record, headers=ndjson)
+        assert _code(r) == (422, "nothing_usable") and r.json()["error"]["refused"] == {"no_job": 1}, r.text
+        r = d.post("/v1/logs", content=record, headers=ndjson)
+        assert r.status_code == 200 and r.json()["node_lines"] == 1, r.text
+        r = d.post("/v1/nodes/node-09/logs", content=b"kernel: y\n", headers={"x-a": "1"})
+        assert r.status_code == 200 and r.json()["node_lines"] == 1, r.text

@@ -21,6 +21,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from logdx import formats
 from logdx.formats import Batch, FormatError, Meta
+from logdx.formats.fields import NO_JOB
 from logdx.formats.loki import PushRequest, parse_labels
 from logdx.formats.otlp import response
 
@@ -62,10 +63,12 @@ def test_otlp_protobuf_resource_attributes_route_and_describe() -> None:
                      scope_logs=[ScopeLogs(log_records=[LogRecord(body=AnyValue(string_value="no job here"))])]),
     ])
     batch = read(req.SerializeToString(), "otlp")
-    assert lines(batch) == [("4242", "gpu-node-01", 5, XID), ("4242", "gpu-node-01", None, '{"event": "ckpt"}')]
+    # A record naming no job is a node's line (NO_JOB): the service keeps it by its host, or refuses it.
+    assert lines(batch) == [("4242", "gpu-node-01", 5, XID), ("4242", "gpu-node-01", None, '{"event": "ckpt"}'),
+                            (NO_JOB, "gpu-node-02", None, "no job here")]
     sources = [s for _, s, _ in batch.runs]
     assert sources[0].ts == 1714564800.0 and sources[0].stream == "stderr" and sources[1].ts == 1714564801.0
-    assert batch.refused == {"no_message": 1, "no_job": 1}
+    assert batch.refused == {"no_message": 1}
     # The request's own job (X-Logdx-Job, a URL) wins for every record.
     assert {job for job, *_ in lines(read(req.SerializeToString(), "otlp", Meta(job="run-7")))} == {"run-7"}
     with pytest.raises(FormatError):
@@ -104,8 +107,9 @@ def test_loki_json_and_snappy_protobuf() -> None:
         {"stream": {"app": "other"}, "values": [["1714564800000000000", "no job"]]},
     ]}
     batch = read(json.dumps(doc).encode())
-    assert lines(batch) == [("run-9", "gpu-node-03", 2, XID), ("run-9", "gpu-node-03", 2, "next")]
-    assert batch.runs[0][1].ts == 1714564800.0 and batch.refused == {"no_job": 1}
+    assert lines(batch) == [("run-9", "gpu-node-03", 2, XID), ("run-9", "gpu-node-03", 2, "next"),
+                            (NO_JOB, None, None, "no job")]
+    assert batch.runs[0][1].ts == 1714564800.0 and batch.refused == {}
 
     push = PushRequest()
     stream = push.streams.add(labels='{job_id="run-9", host="gpu-node-04", msg="a \\"quoted\\" label"}')

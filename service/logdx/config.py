@@ -478,6 +478,25 @@ class McpSettings(_Section):
         "(the agent runs as you), none over HTTP")
 
 
+class NodeStreamSettings(_Section):
+    """`logdx serve`: node streams, the lines that name a host and no job (kernel, journald, syslog, NVIDIA
+    driver, DCGM health events), kept per host and joined by host and time to the jobs that ran there."""
+
+    max_events_per_host: int = Field(
+        20_000, ge=100, description="node lines kept per host (the oldest go first)")
+    retain_s: float = Field(
+        2 * 86400.0, gt=0, description="node lines older than this (by arrival) are dropped")
+    lead_s: float = Field(
+        300.0, ge=0, description="a job sees its hosts' node events from this long before its first line there")
+    after_end_s: float = Field(
+        60.0, ge=0, description="... to this long after its last line (kernel and job clocks differ)")
+    reopen_grace_s: float = Field(
+        900.0, ge=0, description="a node event that arrives this long after a job ended still re-opens its "
+        "diagnosis (a follow-up alert when the verdict changes); 0: never re-opened")
+    max_joined_per_host: int = Field(
+        200, ge=1, description="node events one job takes from one host (those a rule could match, earliest first)")
+
+
 class Settings(_Section):
     data_dir: Path = Field(DEFAULT_DATA_DIR, description="state: database, spools, index, model cache")
     input: InputSettings = Field(default_factory=InputSettings)
@@ -496,6 +515,7 @@ class Settings(_Section):
     actions: ActionsSettings = Field(default_factory=ActionsSettings)
     hangs: HangSettings = Field(default_factory=HangSettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
+    nodes: NodeStreamSettings = Field(default_factory=NodeStreamSettings)
 
     @model_validator(mode="after")
     def _state_under_data_dir(self) -> Settings:

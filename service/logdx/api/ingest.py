@@ -302,12 +302,21 @@ class Upload:
             yield self.finish()
 
 
-def runs_by_job(batch: Batch, refused: dict[str, int]) -> dict[str, list[tuple[Source, list[bytes]]]]:
-    """The batch's lines by job; lines without a (valid) job id are counted in `refused`."""
+def runs_by_job(batch: Batch, refused: dict[str, int],
+                node_runs: list[tuple[Source, list[bytes]]] | None = None) -> dict[str, list[tuple[Source, list[bytes]]]]:
+    """The batch's lines by job; lines without a (valid) job id are counted in `refused`, except, when
+    `node_runs` is given, lines that name no job but a host: those go there (a node's own lines)."""
     out: dict[str, list[tuple[Source, list[bytes]]]] = {}
     for job, runs in batch.by_job().items():
-        if job is None or not _JOB_ID.fullmatch(job):
-            reason = "no_job" if job is None else "bad_job_id"
+        if not job and node_runs is not None:
+            for source, lines in runs:
+                if source.host:
+                    node_runs.append((source, lines))
+                else:
+                    refused["no_job"] = refused.get("no_job", 0) + len(lines)
+            continue
+        if not job or not _JOB_ID.fullmatch(job):
+            reason = "no_job" if not job else "bad_job_id"
             refused[reason] = refused.get(reason, 0) + sum(len(lines) for _, lines in runs)
             continue
         out[job] = runs

@@ -85,6 +85,8 @@ class JobManager:
 
             coordinator = EmbeddedCoordinator
         self.coord: Coordinator = coordinator(self)
+        # Node streams joined to jobs (api/nodestreams.py): `before_final(job_id, session, exit_code)`.
+        self.node_hooks: Any = None
         self.timer = Timer(self._scheduled_diagnosis).start()
         self.hangs = HangWatch(self)
 
@@ -314,6 +316,25 @@ class JobManager:
             why = f"job {job.id} succeeded" + (f" (after {', '.join(earlier)} failed)" if earlier else "")
             self.actor.submit(Effect(job.id, None, "", resolved=why, resolved_jobs=(*earlier, job.id)))
 
+    def reopen(self, job_id: str, session: Session, report: Report, what_changed: Callable[[Report | None], str]) -> bool:
+        """An ended job diagnosed again (a late node event, api/nodestreams.py): stored and acted on like
+        any diagnosis change (one alert per distinct diagnosis), its report saying what changed.
+        True when the diagnosis changed."""
+        row = self.row(job_id)
+        if row is None or row["state"] != "ended":
+            return False
+        job = Job(job_id, row, self._bucket())
+        if diagnosis_key(report) == job.diagnosis_key:
+            return False
+        note = what_changed(self.get_report(job.last_report_id or ""))
+        report.notes.insert(0, note)
+        report.explanation = f"{note[:1].upper()}{note[1:]}. {report.explanation}"
+        with job.tlock:
+            job.session = session
+            self.record_report(job, report, "followup")
+            job.session = None
+        return job.diagnosis_key == diagnosis_key(report)
+
     def acted(self, job_id: str, key: str) -> None:
         self.db.execute("UPDATE api_jobs SET acted_key = ? WHERE job_id = ?", (key, job_id))
         job = self._jobs.get(job_id)
@@ -336,6 +357,8 @@ class JobManager:
 
     def final_diagnosis(self, job: Job, session: Session, exit_code: int | None) -> Report:
         """Diagnose the whole job, store it as ended with its figures and templates (hold `tlock`)."""
+        if self.node_hooks is not None:  # its hosts' node events join it now (nodestreams.py)
+            self.node_hooks.before_final(job.id, session, exit_code)
         report = session.report(exit_code=exit_code, final=True)
         summary = summary_dict(session)
         job.state = "ended"

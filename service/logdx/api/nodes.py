@@ -132,6 +132,28 @@ def get_node(node: NodeParam, services: ServicesDep) -> dict[str, Any]:
     return info.to_dict()
 
 
+class NodeLine(BaseModel):
+    ts: float = Field(description="the line's time (its record's, else its arrival)")
+    received_at: float
+    notable: bool = Field(description="a rule could match it: it joins the jobs that ran on the node")
+    text: str
+
+
+class NodeLines(BaseModel):
+    host: str
+    lines: list[NodeLine] = Field(description="newest first")
+
+
+@nodes_router.get("/nodes/{node}/logs", response_model=NodeLines, tags=["nodes"],
+                  summary="The node's own lines (kernel, journald, syslog) kept in its node stream",
+                  dependencies=[Depends(permit(READ, "read nodes"))])
+def get_node_logs(node: NodeParam, services: ServicesDep,
+                  limit: Annotated[int, Query(ge=1, le=10_000)] = 200) -> dict[str, Any]:
+    host = str(_node(node))
+    lines = services.nodes.streams.lines_of(host, limit) if services.nodes is not None else []
+    return {"host": host, "lines": lines}
+
+
 Operator = Annotated[Principal, Depends(permit(OPERATE, "act on the cluster (uncordon, breaker reset)"))]
 
 

@@ -35,6 +35,16 @@ class RoutedIngestResponse(BaseModel):
     skipped_records: int = Field(0, description="records that gave no line (see `refused`)")
     refused: dict[str, int] = Field(default_factory=dict, description="records that gave no line, by reason")
     jobs: dict[str, int] = Field(default_factory=dict, description="lines applied per job")
+    node_lines: int = Field(0, description="lines that named a host and no job, kept in the host's node stream")
+
+
+class NodeIngestResponse(BaseModel):
+    """`POST /v1/nodes/{host}/logs`: what was kept in the host's node stream."""
+
+    host: str
+    node_lines: int = Field(description="lines kept in the host's node stream")
+    skipped_records: int = Field(0, description="records that gave no line (see `refused`)")
+    refused: dict[str, int] = Field(default_factory=dict, description="records that gave no line, by reason")
 
 
 class EndRequest(_In):
@@ -96,7 +106,7 @@ class JobList(BaseModel):
 
 class ReportRef(BaseModel):
     report_id: str
-    kind: Literal["early", "final"]
+    kind: Literal["early", "final", "followup"]
     created_at: float
 
 

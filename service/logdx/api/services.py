@@ -32,6 +32,7 @@ from logdx.api.guard import REFUSAL_REASONS
 from logdx.api.jobs import Job, JobManager
 from logdx.api.jobs_cluster import ClusterCoordinator
 from logdx.api.metrics import Metrics
+from logdx.api.nodestreams import NodeJoiner, NodeStreams
 from logdx.api.quotas import JobQuota
 from logdx.api.readiness import Component, Readiness
 from logdx.api.retention import KINDS, Sweeper
@@ -64,6 +65,7 @@ class Services:
     recovering: int = 0
     cookies: SessionCookies | None = None  # the job pages' sessions (api/cookies.py)
     limiter: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(32))
+    nodes: NodeJoiner | None = None  # node streams joined to jobs
 
     @classmethod
     def open(cls, settings: Settings) -> Services:
@@ -91,6 +93,9 @@ class Services:
                        quota=JobQuota(settings.server, lambda: _open_jobs(db)),
                        auth=Authenticator(settings.server), tenants=Tenants(db))
         services.cookies = SessionCookies(db, services.auth)
+        role = settings.server.role
+        services.nodes = NodeJoiner(settings.nodes, NodeStreams(settings.nodes, db), jobs,
+                                    acts=role in WORKER_ROLES, ingests=role != "worker")
         services.readiness.component("rules")
         if settings.retrieval.enabled:
             services.readiness.component("retrieval")
@@ -151,6 +156,8 @@ class Services:
         if self.acts:
             self.actor.start()
             self.responder.start()
+            if self.cluster is not None and self.nodes is not None:
+                self.nodes.start()  # late node lines that ingest replicas stored re-open diagnoses here
         self.sweeper.start()
 
     async def load_engine(self, engine: Engine | None = None) -> None:
@@ -243,6 +250,8 @@ class Services:
 
     def stop(self) -> None:
         self.sweeper.stop()
+        if self.nodes is not None:
+            self.nodes.stop()
         self.jobs.close()  # a cluster's owner saves and hands back its partitions first
         self.actor.stop()
         self.responder.close()

@@ -37,6 +37,8 @@ from logdx.api.services import Services
 from logdx.formats import Batch, Format
 from logdx.formats.loki import LOKI_PROTOBUF
 from logdx.formats.otlp import response as otlp_response
+from logdx.hosts import clean_hostname
+from logdx.normalize import Source
 
 T = TypeVar("T")
 log = logging.getLogger("logdx.api")
@@ -63,6 +65,7 @@ class Received:
     failure: ApiError | None = None
     disconnected: bool = False
     created: list[str] = field(default_factory=list)  # jobs this request created
+    node_lines: int = 0  # lines that named a host and no job, kept in the host's node stream (nodestreams.py)
 
     @property
     def applied(self) -> int:
@@ -72,7 +75,8 @@ class Received:
 class Receiver:
     """Reads one upload's body into per-job parts, then commits them."""
 
-    def __init__(self, request: Request, services: Services, upload: Upload, key: str | None) -> None:
+    def __init__(self, request: Request, services: Services, upload: Upload, key: str | None,
+                 node_host: str | None = None) -> None:
         self.request = request
         self.services = services
         self.upload = upload
@@ -80,6 +84,15 @@ class Receiver:
         self.limit = services.settings.server.max_request_bytes
         self.out = Received()
         self.client = client_of(request)
+        # Node streams: lines naming a host and no job, kept when the request commits; where each job's
+        # lines came from (host: first, last time), joined to those hosts' streams then.
+        self.node_host = node_host  # POST /v1/nodes/{host}/logs: every line is this host's
+        # A tenant's token writes only into its tenant's jobs, and node lines join every job on their host:
+        # from such a token they stay refused (`no_job`), as before node streams.
+        takes_nodes = services.nodes is not None and not _tenant_of(request)
+        self.node_runs: list[tuple[Source, list[bytes]]] | None = [] if takes_nodes else None
+        self.node_bytes = 0
+        self.spans: dict[str, dict[str, tuple[float, float]]] = {}
 
     async def open_part(self, job_id: str) -> tuple[Job, IngestRequest]:
         """A job's part of this request: the job must be open, under its rate limit, and not already
@@ -140,6 +153,8 @@ class Receiver:
                 await self._commit(ok=False)  # a bug: close the parts (nothing applied), then a 500
                 raise
             await self._commit(ok=self.out.failure is None and not self.out.disconnected)
+            if self.out.failure is None and not self.out.disconnected:
+                await self._commit_nodes()
         finally:
             self._release()
         if self.out.failure is not None or self.out.disconnected:
@@ -179,13 +194,49 @@ class Receiver:
             raw = 0
 
     async def _spool(self, batch: Batch, raw: int) -> None:
-        by_job = runs_by_job(batch, self.upload.refused)
+        before = len(self.node_runs) if self.node_runs is not None else 0
+        by_job = runs_by_job(batch, self.upload.refused, self.node_runs)
+        if self.node_runs is not None and len(self.node_runs) > before:
+            self._held_node_lines(before)
         for job_id, runs in by_job.items():
             job, req = await self.open_part(job_id)
             lines = sum(len(chunk) for _, chunk in runs)
+            if self.node_runs is not None:
+                _note_spans(self.spans.setdefault(job_id, {}), runs)
             await self.services.run_locked(job, self._charged(self.services.jobs.spool_runs), job, req, runs, lines)
         for _, req in self.out.parts.values():
             req.raw_bytes += raw if len(self.out.parts) == 1 else 0
+
+    def _held_node_lines(self, since: int) -> None:
+        """Node lines wait for the commit (a failed request keeps none), within a bound of their own."""
+        assert self.node_runs is not None
+        for i in range(since, len(self.node_runs)):
+            source, lines = self.node_runs[i]
+            if self.node_host is not None:
+                self.node_runs[i] = (Source(host=self.node_host, ts=source.ts), lines)
+            self.node_bytes += sum(len(line) for line in lines)
+        if self.node_bytes > _MAX_NODE_BYTES:
+            raise ApiError(413, "node_lines_too_large",
+                           f"one request may hold at most {_MAX_NODE_BYTES >> 20} MB of node lines "
+                           "(lines naming a host and no job): send smaller batches")
+
+    async def _commit_nodes(self) -> None:
+        """Keep the node lines, then note where the jobs' lines came from (each joins its hosts' streams)."""
+        nodes = self.services.nodes
+        if nodes is None or not (self.node_runs or self.spans):
+            return
+
+        def commit() -> None:
+            assert nodes is not None
+            if self.node_runs:
+                self.out.node_lines, blank = nodes.receive(self.node_runs)
+                if blank:  # a blank line makes no node event: counted, as an empty record is
+                    self.upload.refused["empty"] = self.upload.refused.get("empty", 0) + blank
+            for job_id, spans in self.spans.items():
+                if self.out.results.get(job_id, {}).get("accepted_lines"):
+                    nodes.job_spans(job_id, spans)
+
+        await self.services.run(self._charged(commit))
 
     def _charged(self, fn: Callable[..., T]) -> Callable[..., T]:
         budget = self.upload.budget
@@ -213,6 +264,23 @@ class Receiver:
                 job.inflight_keys.discard(self.key)
 
 
+_MAX_NODE_BYTES = 64 << 20
+
+
+def _tenant_of(request: Request) -> str:
+    return getattr(getattr(request.state, "principal", None), "tenant", "") or ""
+
+
+def _note_spans(spans: dict[str, tuple[float, float]], runs: list[tuple[Source, list[bytes]]]) -> None:
+    """Where a job's lines came from: host -> (first, last) timestamp (arrival time when a line has none)."""
+    now = time.time()
+    for source, _ in runs:
+        if source.host:
+            ts = source.ts if source.ts is not None else now
+            known = spans.get(source.host)
+            spans[source.host] = (min(ts, known[0]), max(ts, known[1])) if known else (ts, ts)
+
+
 def client_of(request: Request) -> str:
     """Who sends: the credential's name when there is one, else the peer's address."""
     principal = getattr(request.state, "principal", None)
@@ -237,7 +305,7 @@ def _idempotency_key(request: Request) -> str | None:
 
 
 def _open_upload(request: Request, services: Services, job: str | None, fmt: str | None,
-                 protobuf: Format | None = None) -> Upload:
+                 protobuf: Format | None = None, node_host: str | None = None) -> Upload:
     """What a log upload's headers say: its format and parser, the source its lines share, its
     decoder. A declared length over the limit is refused before any of the body is read."""
     settings = services.settings
@@ -246,6 +314,8 @@ def _open_upload(request: Request, services: Services, job: str | None, fmt: str
     if length is not None and length.isdigit() and int(length) > limit:
         raise _too_large(limit)
     meta = request_meta(settings, request.headers, job)
+    if node_host is not None:  # a node's own lines: none of them is a job's
+        meta.source.host, meta.job_keys = node_host, ()
     name, parser = open_parser(meta, request.headers.get("content-type"), fmt, protobuf)
     decoder = make_decoder(settings, request.headers.get("content-encoding"))
     upload = Upload(name, decoder, parser, CpuBudget(settings.server.max_request_cpu_s))
@@ -305,7 +375,7 @@ async def _settle(request: Request, services: Services, upload: Upload, out: Rec
         await _drain(request)
         raise failure
     refused = sum(upload.refused.values())
-    if out.applied == 0 and refused and not any(req.duplicate for _, req in out.parts.values()):
+    if out.applied + out.node_lines == 0 and refused and not any(req.duplicate for _, req in out.parts.values()):
         raise ApiError(422, "nothing_usable", _refusal_text(upload.refused), refused=upload.refused,
                        accepted_lines=0)
 
@@ -391,6 +461,7 @@ def _routed_answer(upload: Upload, out: Received) -> dict[str, Any]:
         "skipped_records": sum(upload.refused.values()),
         "refused": upload.refused,
         "jobs": {job_id: result.get("accepted_lines", 0) for job_id, result in out.results.items()},
+        "node_lines": out.node_lines,
     }
 
 
@@ -433,6 +504,36 @@ async def post_loki_push(request: Request, services: ServicesDep) -> Response:
         return Response(schemas.RoutedIngestResponse(**_routed_answer(upload, out)).model_dump_json(),
                         media_type="application/json")
     return Response(status_code=204)
+
+
+@uploads.post("/v1/nodes/{host}/logs", response_model=schemas.NodeIngestResponse, tags=["shippers"],
+              summary="A node's own log lines (kernel, journald, syslog, driver, health events)",
+              openapi_extra=_BODIES,
+              description="Lines of one host that belong to no job (every format `/v1/jobs/{id}/logs` takes; "
+                          "job fields in the records are ignored). They are kept in the host's node stream, "
+                          "bounded (`nodes.*`), and join the timeline of every job that ran on the host, from "
+                          "`nodes.lead_s` before its first line there to its end; one that arrives after a job "
+                          "ended re-opens its diagnosis within `nodes.reopen_grace_s`. The same lines sent "
+                          "to `/v1/logs` or the Loki push without a job, naming a host, go to the same place.")
+async def post_node_logs(
+    request: Request,
+    host: str,
+    services: ServicesDep,
+    fmt: Annotated[FormatName | None, Query(alias="format", description="override Content-Type")] = None,
+) -> dict[str, Any]:
+    name = clean_hostname(host)
+    if name is None:
+        raise ApiError(422, "bad_host", "the host must be one plain host name (no range, list or spaces)")
+    if services.nodes is None:
+        raise ApiError(503, "not_ready", "node streams are not open")
+    if _tenant_of(request):
+        raise ApiError(403, "tenant_mismatch", "a node's lines join every job on it: send them with a token "
+                       "without a tenant (a cluster-wide shipper)")
+    upload = _open_upload(request, services, None, fmt, node_host=name)
+    out = await Receiver(request, services, upload, None, node_host=name).receive()
+    await _settle(request, services, upload, out)
+    return {"host": name, "node_lines": out.node_lines, "skipped_records": sum(upload.refused.values()),
+            "refused": upload.refused}
 
 
 # --- one-shot ------------------------------------------------------------------------------------

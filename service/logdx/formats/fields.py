@@ -33,9 +33,10 @@ MAX_RANK = 1 << 24
 MAX_JOB_ID = 128
 MESSAGE_KEYS = ("message", "log", "msg", "MESSAGE", "short_message", "line")
 HOST_KEYS = ("host", "hostname", "_HOSTNAME", "_hostname", "host.name", "k8s.node.name", "kubernetes.host",
-             "kubernetes.pod_node_name")
+             "kubernetes.pod_node_name", "nodeName")  # nodeName: NVSentinel's health events
 RANK_KEYS = ("rank", "RANK")
-TS_KEYS = ("ts", "timestamp", "date", "time", "@timestamp", "__REALTIME_TIMESTAMP", "__realtime_timestamp")
+TS_KEYS = ("ts", "timestamp", "date", "time", "@timestamp", "__REALTIME_TIMESTAMP", "__realtime_timestamp",
+           "generatedTimestamp")
 POD_KEYS = ("kubernetes.pod_name", "k8s.pod.name")
 _ORDINAL = re.compile(r"-(\d{1,6})$")
 
@@ -190,9 +191,13 @@ def split_message(message: str, cap: int) -> list[bytes]:
             for b in (part.encode("utf-8", "replace") for part in message.split("\n"))]
 
 
+NO_JOB = ""  # a record that names no job: a node's line when it names a host (`logdx serve` keeps it)
+
+
 def routed_job(message: object, fields: Mapping[str, Any], meta: Meta, batch: Batch) -> str | None:
-    """The job a record's line goes to; None when the record has no line (a string), an empty one
-    or no job, the refusal then counted in `batch` by reason, never silently dropped."""
+    """The job a record's line goes to, `NO_JOB` when it names none (the service keeps it in its host's
+    node stream, or refuses it as `no_job` when it names no host either); None when the record has no
+    line (a string) or an empty one, the refusal then counted in `batch` by reason, never silently dropped."""
     if not isinstance(message, str):
         batch.refuse("no_message")
         return None
@@ -200,6 +205,4 @@ def routed_job(message: object, fields: Mapping[str, Any], meta: Meta, batch: Ba
         batch.refuse("empty")  # a shipper's heartbeat, or a bomb of empty records: no line either way
         return None
     job = job_of(fields, meta)
-    if job is None:
-        batch.refuse("no_job")
-    return job
+    return NO_JOB if job is None else job
