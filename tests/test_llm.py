@@ -182,7 +182,7 @@ def test_candidate_labels_are_small_unique_and_include_proposals():
 def test_explanation_is_templated():
     text = render_explanation(Prompts(), make_label("infrastructure", "ecc_error"), ECC_CTX,
                               probability=0.8, n_candidates=7, examples=EXAMPLES)
-    assert text.startswith("Most likely an uncorrectable GPU memory (ECC) error (infrastructure/ecc_error), 80% among 7")
+    assert text.startswith("Most likely: uncorrectable GPU memory (ECC) error (infrastructure/ecc_error), 80% among 7")
     assert "seed-a" in text and "drain node, RMA GPU" in text and "\n" not in text
 
 

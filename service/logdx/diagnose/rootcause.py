@@ -40,7 +40,6 @@ _SEQNUM = re.compile(r"SeqNum=(\d+)")
 # How close after a lesser fault a graver one must come to be taken as its cause.
 _EXPLAIN_WINDOW_S = 900.0
 _EXPLAIN_WINDOW_LINES = 5_000
-_SEVERITY = {"critical": 0, "high": 1, "medium": 2, "low": 3}
 # How a job ends from outside (the OOM killer, the scheduler): when it comes before the watchdog
 # timeouts, those are its echo.
 _ENDS_BEFORE_ECHOES = frozenset({"host_oom", "time_limit"})
@@ -259,13 +258,13 @@ def _graver_explanation(winner: Finding, roots: list[Finding], summary: Compress
     """
     if winner.hit.label.category != Category.INFRASTRUCTURE:
         return winner
-    rank = _SEVERITY.get(winner.hit.severity, 9)
+    rank = winner.hit.severity.rank
     graver = [
         f
         for f in roots
         if f is not winner
         and f.hit.label.category == Category.INFRASTRUCTURE
-        and _SEVERITY.get(f.hit.severity, 9) < rank
+        and f.hit.severity.rank < rank
         and (_soon_after(winner.event, f.event) or _same_host(winner, f, summary))
     ]
     return _earliest(graver) if graver else winner

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from logdx.model import Event, Label, Record, Role
+from logdx.model import Event, EventKind, Label, Record, Role, Severity
 
 # Entries of `match.exceptions` that are no class name: "*" any exception but a warning, "-" a
 # traceback the log ends inside, before its exception line.
@@ -15,7 +15,6 @@ ANY_EXCEPTION, CUT_OFF = "*", "-"
 EXCEPTION_MARKERS = frozenset({ANY_EXCEPTION, CUT_OFF})
 
 _ROLE_RANK = {Role.ROOT_CAUSE: 0, Role.FALLBACK: 1, Role.SYMPTOM: 2}
-_SEVERITY_RANK = {"critical": 0, "high": 1, "medium": 2, "low": 3}
 Origin = Literal["user", "library"]
 
 
@@ -52,12 +51,12 @@ class Rule:
     pack: str
     title: str
     role: Role
-    severity: str
+    severity: Severity
     confidence: float
     label: Label | None  # None when the label depends on the origin (by_origin)
     by_origin: dict[str, Label | None] | None  # None for a side: the library's owner decides
     patterns: tuple[re.Pattern[str], ...]
-    kinds: tuple[str, ...] | None
+    kinds: tuple[EventKind, ...] | None
     exceptions: frozenset[str] | None
     unless: tuple[re.Pattern[str], ...]
     hint: str
@@ -83,7 +82,7 @@ class RuleHit:
     title: str
     role: Role
     label: Label
-    severity: str
+    severity: Severity
     confidence: float
     line: Record  # the event line the pattern matched: it becomes the root line
     groups: dict[str, str]
@@ -112,5 +111,5 @@ class RuleHit:
         return self.groups.get("gpu") or self.event.gpu
 
     def sort_key(self) -> tuple[int, int, float]:
-        return (_ROLE_RANK[self.role], _SEVERITY_RANK[self.severity], -self.confidence)
+        return (_ROLE_RANK[self.role], self.severity.rank, -self.confidence)
 

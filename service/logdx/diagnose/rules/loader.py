@@ -21,7 +21,7 @@ from logdx.diagnose.rules.examples import check_examples
 from logdx.diagnose.rules.keywords import pattern_problem, rule_literals
 from logdx.diagnose.rules.matcher import RuleSet
 from logdx.diagnose.rules.spec import KNOWN_KINDS, LabelSpec, OriginSpec, PackSpec, RuleSpec
-from logdx.model import Action, Category, Label, Role
+from logdx.model import FT, Action, Category, EventKind, Label, Role
 from logdx.taxonomy import category_of, default_action, make_label
 
 ENV_RULES_DIR = "LOGDX_RULES_DIR"
@@ -249,11 +249,11 @@ def _compile_regex(src: str, where: str, problems: list[str]) -> re.Pattern[str]
     return pat
 
 
-def _make_label(category: str, failure_type: str, action: str | None) -> tuple[Label | None, str | None]:
+def _make_label(category: Category, failure_type: str, action: Action | None) -> tuple[Label | None, str | None]:
     """The rule's label from the taxonomy; a stated action must be one the label allows, and
     stating the default is noise (the taxonomy says it once)."""
     cat = Category(category)
-    if category_of(failure_type) != cat and not (cat is Category.UNKNOWN and failure_type == "unknown"):
+    if category_of(failure_type) != cat and not (cat is Category.UNKNOWN and failure_type == FT.UNKNOWN):
         return None, f"unknown failure_type '{failure_type}' for category {category} (see logdx/taxonomy.yaml)"
     if action is not None and Action(action) == default_action(cat, failure_type):
         return None, f"action {action} is already the default of {failure_type}: leave it out"
@@ -333,7 +333,7 @@ def _compile_rule(
         label=label,
         by_origin=by_origin,
         patterns=tuple(patterns),
-        kinds=tuple(m.kinds) if m.kinds is not None else None,
+        kinds=tuple(EventKind(k) for k in m.kinds) if m.kinds is not None else None,
         exceptions=frozenset(m.exceptions) if m.exceptions is not None else None,
         unless=tuple(unless),
         hint=spec.hint,

@@ -10,21 +10,25 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Event kinds the detect stage produces (see logdx.model.Event); a rule naming another kind is a typo.
-KNOWN_KINDS: frozenset[str] = frozenset(
-    {"traceback", "line", "nccl", "xid", "signal_exit", "child_failed", "loss_nan", "loss_spike", "stall",
-     "stack_dump", "fr_report"}
-)
+from logdx.model import Action, Category, EventKind, Role, Severity
+
+# Event kinds the detect stage produces; a rule naming another kind is a typo (the loader says so, by line).
+KNOWN_KINDS: frozenset[str] = frozenset(k.value for k in EventKind)
 
 _Strict = ConfigDict(extra="forbid", strict=True)
 _NonEmpty = Annotated[str, Field(min_length=1)]
+# The vocabulary's enums, read from the YAML's strings (strict mode would want enum members).
+_Category = Annotated[Category, Field(strict=False)]
+_Action = Annotated[Action, Field(strict=False)]  # `none` is refused by the loader: no label allows it
+_Role = Annotated[Role, Field(strict=False)]
+_Severity = Annotated[Severity, Field(strict=False)]
 
 
 class LabelSpec(BaseModel):
     model_config = _Strict
-    category: Literal["infrastructure", "framework", "script", "unknown"]
+    category: _Category
     failure_type: _NonEmpty
-    action: Literal["cordon_and_restart", "restart", "no_restart"] | None = None
+    action: _Action | None = None
 
 
 class ByOriginSpec(BaseModel):
@@ -46,12 +50,12 @@ class RuleSpec(BaseModel):
     model_config = _Strict
     id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
     title: _NonEmpty
-    role: Literal["root_cause", "symptom", "fallback"]
-    category: Literal["infrastructure", "framework", "script", "unknown"] | None = None
+    role: _Role
+    category: _Category | None = None
     failure_type: _NonEmpty | None = None
-    action: Literal["cordon_and_restart", "restart", "no_restart"] | None = None
+    action: _Action | None = None
     by_origin: ByOriginSpec | None = None
-    severity: Literal["critical", "high", "medium", "low"] = "medium"
+    severity: _Severity = Severity.MEDIUM
     confidence: Annotated[float, Field(ge=0.0, le=1.0, strict=False)]
     match: MatchSpec
     hint: str = ""
