@@ -29,7 +29,7 @@ from logdx.detect import DetectConfig, Detector
 from logdx.diagnose.cascade import Diagnoser
 from logdx.diagnose.fusion import FusionWeights
 from logdx.diagnose.rules import RuleSet, default_rules_dir, load_rules
-from logdx.model import CompressionSummary, Event, FailureContext, KeptLine, Record, Role, TemplateStats
+from logdx.model import FT, CompressionSummary, Event, FailureContext, KeptLine, Record, Role, TemplateStats
 
 if TYPE_CHECKING:
     from logdx.flightrec import FrFindings
@@ -342,7 +342,7 @@ class Session:
         if event.kind == "loss_spike":
             return False  # a spike that stayed up is its own trigger (`--loss-trigger spike`), not NaN
         hits = self.engine.rules.match(event)
-        return bool(hits) and hits[0].label.failure_type == "nan_loss"
+        return bool(hits) and hits[0].label.failure_type == FT.NAN_LOSS
 
     def finish(self) -> None:
         if self.finished:

@@ -21,6 +21,8 @@ from logdx.model import FT, Action, Category, Label
 TAXONOMY_PATH = Path(__file__).with_name("taxonomy.yaml")
 
 __all__ = [
+    "KNOWN_CATEGORIES",
+    "LABEL_ACTIONS",
     "FailureType",
     "Taxonomy",
     "TaxonomyError",
@@ -36,6 +38,12 @@ __all__ = [
     "taxonomy",
     "title_of",
 ]
+
+
+# What a recognised failure can be labelled: a known category (a past incident is never "unknown"),
+# an action a label can carry ("none" is a healthy report's, never a label's).
+KNOWN_CATEGORIES: tuple[Category, ...] = tuple(c for c in Category if c is not Category.UNKNOWN)
+LABEL_ACTIONS: tuple[Action, ...] = tuple(a for a in Action if a is not Action.NONE)
 
 
 class TaxonomyError(ValueError):

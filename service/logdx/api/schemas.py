@@ -3,11 +3,29 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from enum import StrEnum
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from logdx.act.report import Report
+from logdx.taxonomy import KNOWN_CATEGORIES, LABEL_ACTIONS
+
+
+def _one_of(values: tuple[StrEnum, ...]) -> Any:
+    """A vocabulary enum restricted to some of its members, in the validation and in the schema."""
+    allowed = frozenset(values)
+
+    def check(v: StrEnum) -> StrEnum:
+        if v not in allowed:
+            raise ValueError(f"must be one of {', '.join(values)}")
+        return v
+
+    return Annotated[type(values[0]), AfterValidator(check), WithJsonSchema({"type": "string", "enum": list(values)})]
+
+
+KnownCategory = _one_of(KNOWN_CATEGORIES)
+LabelAction = _one_of(LABEL_ACTIONS)
 
 
 class _In(BaseModel):
@@ -172,9 +190,9 @@ class TemplateList(BaseModel):
 
 
 class FeedbackRequest(_In):
-    category: Literal["infrastructure", "framework", "script"]
+    category: KnownCategory
     failure_type: str = Field(min_length=1, max_length=64)
-    action: Literal["cordon_and_restart", "restart", "no_restart"] | None = None
+    action: LabelAction | None = None
     note: str | None = Field(None, max_length=4000)
 
 

@@ -21,6 +21,7 @@ from logdx.diagnose.life import first_stopped
 from logdx.diagnose.rootcause import Finding, RulesOutcome, find_root_cause, likeliest_unexplained
 from logdx.diagnose.rules import RuleSet
 from logdx.model import (
+    FT,
     Action,
     Category,
     CompressionSummary,
@@ -233,7 +234,7 @@ def _healthy_confidence(summary: CompressionSummary) -> float:
 def _from_rules(outcome: RulesOutcome, exit_code: int | None) -> Diagnosis:
     winner = outcome.winner
     if winner is None:
-        label = Label(Category.UNKNOWN, "unknown", Action.NO_RESTART)
+        label = Label(Category.UNKNOWN, FT.UNKNOWN, Action.NO_RESTART)
         root = likeliest_unexplained(outcome.unexplained_events)
         explanation = (
             f"The job failed (exit code {exit_code}) but no known failure signature was found."

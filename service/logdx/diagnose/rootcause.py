@@ -35,6 +35,7 @@ from logdx.model import (
     TemplateStats,
 )
 from logdx.patterns import mask
+from logdx.model import FT
 
 _SEQNUM = re.compile(r"SeqNum=(\d+)")
 # How close after a lesser fault a graver one must come to be taken as its cause.
@@ -42,7 +43,7 @@ _EXPLAIN_WINDOW_S = 900.0
 _EXPLAIN_WINDOW_LINES = 5_000
 # How a job ends from outside (the OOM killer, the scheduler): when it comes before the watchdog
 # timeouts, those are its echo.
-_ENDS_BEFORE_ECHOES = frozenset({"host_oom", "time_limit"})
+_ENDS_BEFORE_ECHOES = frozenset({FT.HOST_OOM, FT.TIME_LIMIT})
 
 
 @dataclass(slots=True)
@@ -97,7 +98,7 @@ def find_root_cause(
             findings.append(winner)
     att = attribute(winner, role, findings, summary)
     if role is Role.SYMPTOM and winner is not None and att.ranks and att.basis in HANG_BASES \
-            and winner.hit.label.failure_type in ("nccl_timeout", "hang"):
+            and winner.hit.label.failure_type in (FT.NCCL_TIMEOUT, FT.HANG):
         # The collective timed out waiting for a rank the log shows stopping: a hang, with its culprit.
         winner = replace(winner, hit=replace(winner.hit, label=silent_rank_label()))
     vote = _vote(winner, findings)
@@ -279,7 +280,7 @@ def _application_fault(winner: Finding, roots: list[Finding], summary: Compressi
         return f.event.kind == "xid" and f.hit.label.category != Category.INFRASTRUCTURE
 
     def cuda_fault(f: Finding) -> bool:
-        return f.hit.label.failure_type == "cuda_error"
+        return f.hit.label.failure_type == FT.CUDA_ERROR
 
     if not (app_xid(winner) or cuda_fault(winner)):
         return winner
