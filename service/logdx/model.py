@@ -276,7 +276,7 @@ class Frame:
 class Event:
     """Something that happened: a traceback, an NCCL warning, an Xid, a signal exit, a NaN..."""
 
-    kind: str  # traceback | line | nccl | xid | signal_exit | child_failed | loss_nan | loss_spike | stall
+    kind: EventKind
     anchor: Record  # the one line that stands for the event (the exception line, the Xid line...)
     lines: list[Record] = field(default_factory=list)  # the event's lines, anchor included
     exception_type: str | None = None  # for tracebacks: "torch.OutOfMemoryError" style, as printed

@@ -29,7 +29,7 @@ from logdx.detect import DetectConfig, Detector
 from logdx.diagnose.cascade import Diagnoser
 from logdx.diagnose.fusion import FusionWeights
 from logdx.diagnose.rules import RuleSet, default_rules_dir, load_rules
-from logdx.model import FT, CompressionSummary, Event, FailureContext, KeptLine, Record, Role, TemplateStats
+from logdx.model import FT, CompressionSummary, Event, EventKind, FailureContext, KeptLine, Record, Role, TemplateStats
 
 if TYPE_CHECKING:
     from logdx.flightrec import FrFindings
@@ -272,7 +272,7 @@ class Session:
                 mark = timeline.mark(ev.anchor.source_key)
                 mark.source_quiet, mark.job_quiet = self.compressor.output_mark(ev.anchor.source_key)
                 ev.attrs["progress_at"] = mark
-            if ev.kind in ("stack_dump", "fr_report"):
+            if ev.kind in (EventKind.STACK_DUMP, EventKind.FR_REPORT):
                 continue  # read as a whole by the diagnosis (diagnose/hangs.py)
             hits = self.engine.rules.match(ev)
             if hits and hits[0].role == Role.ROOT_CAUSE:
@@ -290,7 +290,7 @@ class Session:
         first = findings.summary().splitlines()[0] if findings.groups else "no collective recorded"
         text = f"{where}: {first}"
         rec = Record(line_no=0, raw=text, text=text)
-        self._note_events([Event(kind="fr_report", anchor=rec, lines=[rec], attrs={"findings": findings})])
+        self._note_events([Event(kind=EventKind.FR_REPORT, anchor=rec, lines=[rec], attrs={"findings": findings})])
 
     def take_new_root_causes(self) -> list[Event]:
         """Root-cause events that appeared since the last call (all of them the first time)."""
@@ -337,9 +337,9 @@ class Session:
     def is_diverged(self, event: Event) -> bool:
         """Whether a root-cause event says the loss went NaN/inf (however the pipeline tagged the
         line: a `loss_nan` event, or a line a `nan_loss` rule matched)."""
-        if event.kind == "loss_nan":
+        if event.kind == EventKind.LOSS_NAN:
             return True
-        if event.kind == "loss_spike":
+        if event.kind == EventKind.LOSS_SPIKE:
             return False  # a spike that stayed up is its own trigger (`--loss-trigger spike`), not NaN
         hits = self.engine.rules.match(event)
         return bool(hits) and hits[0].label.failure_type == FT.NAN_LOSS

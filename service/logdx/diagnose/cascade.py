@@ -27,6 +27,7 @@ from logdx.model import (
     CompressionSummary,
     Diagnosis,
     Event,
+    EventKind,
     FailureContext,
     Label,
     Recovered,
@@ -222,7 +223,7 @@ def _hint_from_neighbours(result: FusionResult) -> str:
 
 
 def _has_failure_signal(outcome: RulesOutcome, exit_code: int | None) -> bool:
-    return bool(exit_code) or any(e.kind == "traceback" and e.exception_type for e in outcome.unexplained_events)
+    return bool(exit_code) or any(e.kind == EventKind.TRACEBACK and e.exception_type for e in outcome.unexplained_events)
 
 
 def _healthy_confidence(summary: CompressionSummary) -> float:

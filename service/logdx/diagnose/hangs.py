@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from logdx.diagnose.rules import RuleHit
 from logdx.flightrec import FrFindings
-from logdx.model import FT, Event, Frame, Label, Record, Role, Severity
+from logdx.model import FT, Event, EventKind, Frame, Label, Record, Role, Severity
 from logdx.stacks import frame_owner
 from logdx.taxonomy import category_of, make_label, module_of_path
 
@@ -71,7 +71,7 @@ def stack_minority(events: Sequence[Event]) -> Minority | None:
     """When most processes wait in a collective and a few do not: those few. With one or two dumps and
     none of them in a collective, the processes the log shows are the stuck ones (someone dumped the
     hung process); with dumps all in a collective, the job hangs in it for a process nobody dumped."""
-    dumps = _latest_per_process([e for e in events if e.kind == "stack_dump" and e.frames])
+    dumps = _latest_per_process([e for e in events if e.kind == EventKind.STACK_DUMP and e.frames])
     if not dumps:
         return None
     ops = [in_collective(e.frames) for e in dumps]

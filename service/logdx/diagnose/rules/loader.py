@@ -288,7 +288,7 @@ def _compile_rule(
                 problems.append(f"{where('by_origin', which, 'failure_type')}: {err}")
             elif lab is not None:
                 by_origin[which] = lab
-        if not spec.match.exceptions and spec.match.kinds != ["traceback"]:
+        if not spec.match.exceptions and spec.match.kinds != [EventKind.TRACEBACK]:
             problems.append(f"{where('by_origin')}: by_origin needs match.exceptions (or kinds: [traceback])")
     else:
         if spec.category is None:
