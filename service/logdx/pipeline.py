@@ -65,12 +65,7 @@ class Engine:
         needs them)."""
         dirs = [default_rules_dir(), *settings.rules.dirs, *extra_rule_dirs]
         rules = load_rules(dirs)
-        diagnoser = Diagnoser(rules=rules, weights=FusionWeights.from_settings(settings.fusion),
-                              llm_always=settings.llm.always)
-        if settings.catalog.enabled:
-            from logdx.diagnose.catalog import catalog_vote
-
-            diagnoser.catalog = catalog_vote
+        diagnoser = _rules_and_catalog(settings, rules)
         # The model stages (and numpy, torch) are imported only when enabled: a rules-only run starts fast.
         if incidents is None and (settings.retrieval.enabled or settings.llm.enabled):
             from logdx.incidents import IncidentStore
@@ -90,6 +85,12 @@ class Engine:
         if warm:
             engine.warm_up()
         return engine
+
+    @classmethod
+    def for_rules(cls, settings: Settings, rules: RuleSet) -> Engine:
+        """An engine of these rules and the catalog (as the settings say), no model stage: what a
+        rule pack's raw-input tests and `logdx rules explain` run on."""
+        return cls(settings=settings, rules=rules, diagnoser=_rules_and_catalog(settings, rules))
 
     def model_stages(self) -> list[tuple[str, str, Callable[[], str]]]:
         """The models to load before the first diagnosis, in order: (stage, what loading it does,
@@ -151,6 +152,16 @@ class Engine:
             session.add_flight_recorder(fr)
         report = session.report(exit_code)
         return report, session.last_context
+
+
+def _rules_and_catalog(settings: Settings, rules: RuleSet) -> Diagnoser:
+    diagnoser = Diagnoser(rules=rules, weights=FusionWeights.from_settings(settings.fusion),
+                          llm_always=settings.llm.always)
+    if settings.catalog.enabled:
+        from logdx.diagnose.catalog import catalog_vote
+
+        diagnoser.catalog = catalog_vote
+    return diagnoser
 
 
 _SNAPSHOT_MAGIC = b"LDXSESS1"
@@ -230,6 +241,12 @@ class Session:
             return self._feed_timed(raw, source)
         kept = self.compressor.add(self.normalizer.normalize(raw, source))
         return self._detect(kept) if kept else []
+
+    def feed_record(self, raw: bytes | str, source: Source | None = None) -> tuple[Record, list[Event]]:
+        """One line in, with the record the normaliser made of it (`logdx rules explain`)."""
+        rec = self.normalizer.normalize(raw, source)
+        kept = self.compressor.add(rec)
+        return rec, (self._detect(kept) if kept else [])
 
     def _feed_timed(self, raw: bytes | str, source: Source | None) -> list[Event]:
         # Clocks cost as much as a repeated line: one line in 64 is timed, and stands for the 64.

@@ -18,6 +18,29 @@ _ROLE_RANK = {Role.ROOT_CAUSE: 0, Role.FALLBACK: 1, Role.SYMPTOM: 2}
 Origin = Literal["user", "library"]
 
 
+@dataclass(frozen=True, slots=True)
+class PackTest:
+    """A pack's raw-input test (`tests:` in a pack), checked by `logdx.explain.run_pack_tests`.
+
+    Line numbers are 1-based indexes into `lines`; `records` holds, per line, the Record fields the
+    normaliser must give it (None: must be unset)."""
+
+    name: str
+    pack: str
+    file: str
+    line: int  # where the test is written in its pack
+    lines: tuple[str, ...]
+    records: tuple[tuple[int, tuple[tuple[str, object], ...]], ...] = ()
+    events: tuple[tuple[str | None, EventKind | None, int | None], ...] = ()  # (rule id, kind, line)
+    status: str | None = None  # the verdict's, when the test states one
+    category: str | None = None
+    failure_type: str | None = None
+    root_line: int | None = None
+
+    def where(self) -> str:
+        return f"{self.file}:{self.line}: test '{self.name}'"
+
+
 class RuleError(Exception):
     """A rule pack that does not load. ``problems`` holds one "file:line: rule 'id': what" each."""
 

@@ -69,10 +69,57 @@ class OriginSpec(BaseModel):
     passthrough: list[_NonEmpty] = []  # "file-regex:function-regex"
 
 
+_LineIndex = Annotated[int, Field(ge=1)]  # 1-based, into the test's `lines`
+
+
+class RecordExpect(BaseModel):
+    """What the normaliser must make of one raw line; a field left out is not checked, `null` must be unset."""
+
+    model_config = _Strict
+    line: _LineIndex
+    rank: int | None = None
+    local_rank: int | None = None
+    host: str | None = None
+    stream: str | None = None
+    text: str | None = None
+
+
+class EventExpect(BaseModel):
+    """An event the lines must give: of this kind, hit by this rule, anchored (or hit) on this line."""
+
+    model_config = _Strict
+    rule: _NonEmpty | None = None
+    kind: _NonEmpty | None = None
+    line: _LineIndex | None = None
+
+
+class VerdictExpect(BaseModel):
+    """The job-level diagnosis of the lines, as `logdx diagnose` would give it (rules, catalog)."""
+
+    model_config = _Strict
+    status: Literal["failed", "healthy"] = "failed"
+    category: _Category | None = None
+    failure_type: _NonEmpty | None = None
+    root_line: _LineIndex | None = None
+
+
+class PackTestSpec(BaseModel):
+    """A raw-input test: a few raw lines, launcher prefixes and all, through the real normaliser, detector
+    and rules (`logdx rules test`)."""
+
+    model_config = _Strict
+    name: _NonEmpty
+    lines: Annotated[list[str], Field(min_length=1)]
+    records: list[RecordExpect] = []
+    events: list[EventExpect] = []
+    verdict: VerdictExpect | None = None
+
+
 class PackSpec(BaseModel):
     model_config = _Strict
     pack: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")]
     description: str = ""
     origin: OriginSpec | None = None
     rules: list[dict[str, Any]] = []  # validated one by one, so one bad rule names its own id
+    tests: list[dict[str, Any]] = []  # likewise, one by one (PackTestSpec)
 
