@@ -179,7 +179,8 @@ def _test_problems(test: PackTest, ex: Explanation, rules: RuleSet) -> list[str]
                    for name, want in fields if getattr(rec, name) != want)
     for rule_id, kind, line in test.events:
         if not _event_found(ex, rule_id, kind, line):
-            out.append(f"no {kind or ''} event{_on(line)}{' hit by rule ' + repr(rule_id) if rule_id else ''}"
+            what = f"no {kind} event" if kind else "no event"
+            out.append(f"{what}{_on(line)}{' hit by rule ' + repr(rule_id) if rule_id else ''}"
                        f"{_why(ex, rules, rule_id, line)}")
     out.extend(_verdict_problems(test, ex.report))
     return out

@@ -70,7 +70,7 @@ class LauncherPrefix:
 
 # A host prefix must look like a machine name (lower case, a digit somewhere) so that "RuntimeError: ..."
 # or "Epoch 3: ..." are never taken for one; nor a kernel driver's device name ("nvidia-nvswitch3: SXid").
-_HOST_NAME = r"(?P<host>[a-z][a-z0-9-]*\d[a-z0-9.-]*|localhost)"
+_HOST_NAME = r"(?!nvidia-nvswitch\d+: )(?P<host>[a-z][a-z0-9-]*\d[a-z0-9.-]*|localhost)"
 
 LAUNCHER_PREFIXES: tuple[LauncherPrefix, ...] = (
     LauncherPrefix("torchrun local rank", ("[",), r"\[default(?P<local_rank>\d+)\]:"),

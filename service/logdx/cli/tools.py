@@ -71,7 +71,7 @@ def cmd_rules_test(args: argparse.Namespace) -> int:
     for p in problems:
         print(p)
     verdict = "ok" if not problems else f"{len(problems)} problem(s)"
-    print(f"{len(ruleset.rules)} rules, {len(ruleset.tests)} raw-input tests in {len(dirs)} folder(s): {verdict}")
+    print(f"{len(ruleset.rules)} rules in {len(dirs)} folder(s), {len(ruleset.tests)} raw-input tests: {verdict}")
     return EXIT_OK if not problems else EXIT_FAILED
 
 
