@@ -150,3 +150,17 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv: list[str], capsys: pytest.Ca
     assert main(argv) == EXIT_USAGE
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "error:" in err
+
+
+def test_cli_unreadable_or_empty_files_are_one_line_and_exit_2(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import gzip
+
+    cut = tmp_path / "cut.log.gz"
+    cut.write_bytes(gzip.compress(("\n".join(PROGRESS.format(r=r) for r in range(2000)) + "\n").encode())[:-40])
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    for path in (cut, empty):
+        assert main(["rules", "explain", "--file", str(path)]) == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "error:" in err

@@ -17,7 +17,7 @@ from logdx.config import Settings
 from logdx.diagnose.rules import RuleHit, RuleSet, example_event
 from logdx.diagnose.rules.compiled import PackTest
 from logdx.diagnose.rules.matcher import why_not
-from logdx.model import Event, EventKind, Record
+from logdx.model import Event, EventKind, Record, Role
 from logdx.pipeline import Engine
 
 __all__ = ["Explanation", "LineReport", "explain_lines", "render_explanation", "run_pack_tests"]
@@ -37,24 +37,43 @@ class LineReport:
 
 @dataclass(slots=True)
 class Explanation:
-    lines: list[LineReport]
+    lines: list[LineReport]  # every line, or (a long input) the lines an event holds
     report: Report
-
-    def hits(self) -> list[RuleHit]:
-        return [h for ln in self.lines for h in ln.hits]
+    every_line: bool
 
 
 def explain_lines(engine: Engine, raw_lines: Iterable[bytes | str], expected: Sequence[str] = (),
-                  catalog: bool = False) -> Explanation:
+                  catalog: bool = False, every_line_up_to: int | None = None) -> Explanation:
     """Feed the lines through a fresh session of `engine`, then say per line what became of it.
-    `expected`: rule ids to explain on every line they do not hit; `catalog`: look each event's anchor
-    up in the error catalog too."""
+    `expected`: rule ids to explain where they do not hit; `catalog`: look each event's anchor up in
+    the error catalog too; `every_line_up_to`: past that many lines, only the lines events hold are
+    kept (memory stays bounded on a whole job's log)."""
     session = engine.new_session()
-    out = [LineReport(session.feed_record(raw)[0]) for raw in raw_lines]
+    kept: list[Record] = []
+    every_line = True
+    for raw in raw_lines:
+        rec = session.feed_record(raw)[0]
+        if every_line:
+            kept.append(rec)
+            if every_line_up_to is not None and len(kept) > every_line_up_to:
+                every_line, kept = False, []
     report = session.report()
-    by_line = {ln.record.line_no: ln for ln in out}
-    rules = engine.rules
-    for ev in session.events:
+    if not every_line:
+        held = {r.line_no: r for ev in session.events for r in (*ev.lines, ev.anchor)}
+        kept = [held[n] for n in sorted(held)]
+    out = [LineReport(rec) for rec in kept]
+    _attach_events(engine.rules, session.events, {ln.record.line_no: ln for ln in out}, expected, catalog)
+    if every_line:
+        for ln in out:
+            if not ln.events:
+                ln.misses.extend(_unseen(engine.rules, ln.record, expected))
+    return Explanation(out, report, every_line)
+
+
+def _attach_events(rules: RuleSet, events: Sequence[Event], by_line: dict[int, LineReport], expected: Sequence[str],
+                   catalog: bool) -> None:
+    """Each event to the lines it holds; its rule hits to the line each hit; its misses to its anchor."""
+    for ev in events:
         for line_no in sorted({r.line_no for r in ev.lines} | {ev.anchor.line_no}):
             if line_no in by_line:
                 by_line[line_no].events.append(ev)
@@ -64,28 +83,23 @@ def explain_lines(engine: Engine, raw_lines: Iterable[bytes | str], expected: Se
                 by_line[hit.line.line_no].hits.append(hit)
         anchor = by_line.get(ev.anchor.line_no)
         if anchor is not None:
-            anchor.misses.extend(_misses(rules, ev, {h.rule_id for h in hits}, expected))
+            anchor.misses.extend(_misses(rules, ev, hits, expected))
             if catalog:
                 anchor.catalog.extend(_catalog_hits(ev))
-    for ln in out:
-        if not ln.events:
-            ln.misses.extend(_unseen(rules, ln.record, expected))
-    return Explanation(out, report)
 
 
-def _misses(rules: RuleSet, ev: Event, hit_ids: set[str], expected: Sequence[str]) -> list[tuple[str, str]]:
-    """Rules that did not hit the event although their keywords occur in it (nearly matched), and the
-    expected ones: why not."""
-    texts = [ev.anchor.text, *(r.text for r in ev.lines)]
-    if ev.exception_type:
-        texts.append(ev.exception_type)
-    near = {rules.rules[i].id for i in rules.prefilter.candidate_rules(
-        rules.prefilter.keywords_in(t.lower()) for t in texts) if rules.rules[i].patterns}
+def _misses(rules: RuleSet, ev: Event, hits: Sequence[RuleHit], expected: Sequence[str]) -> list[tuple[str, str]]:
+    """Rules that did not hit the event although their keywords occur in it (nearly matched; a generic
+    fallback only when nothing hit), and the expected ones: why not."""
+    texts = [ev.anchor.text, *(r.text for r in ev.lines), ev.exception_type or ""]
+    keywords = frozenset().union(*(rules.prefilter.keywords_in(t.lower()) for t in texts))
+    near = {r.id for r in rules.rules if r.literals and not r.literals.isdisjoint(keywords)
+            and not (hits and r.role is Role.FALLBACK)}
     out = []
-    for rule_id in sorted((near | set(expected)) - hit_ids):
+    for rule_id in sorted((near | set(expected)) - {h.rule_id for h in hits}):
         rule = rules.by_id.get(rule_id)
         reason = why_not(rule, ev, rules.prefilter) if rule is not None else None
-        if rule is not None and reason is not None:
+        if reason is not None:
             out.append((rule_id, f"{ev.kind} event: {reason}"))
     return out
 
@@ -115,11 +129,11 @@ def _catalog_hits(ev: Event) -> list[str]:
 # --- rendering ------------------------------------------------------------------------------------
 
 
-def render_explanation(ex: Explanation, *, every_line: bool) -> str:
-    """Lines as text: every line, or (a long log) only those something happened on; the verdict last."""
+def render_explanation(ex: Explanation) -> str:
+    """The lines as text (of a long log, only those something happened on), the verdict last."""
     out: list[str] = []
     for ln in ex.lines:
-        if every_line or ln.events or ln.hits or ln.misses:
+        if ex.every_line or ln.events or ln.hits or ln.misses:
             out.extend(_render_line(ln))
     out.append(_render_verdict(ex.report))
     return "\n".join(out)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import zlib
 from pathlib import Path
 
 from logdx.faces import EXIT_FAILED, EXIT_OK, UsageError, add_config_arg, settings_from
@@ -97,18 +98,23 @@ def cmd_rules_explain(args: argparse.Namespace) -> int:
     unknown = [r for r in args.rule if r not in rules.by_id]
     if unknown:
         raise UsageError(f"--rule {unknown[0]}: no such rule (logdx rules test lists the packs)")
+    engine = Engine.for_rules(settings, rules)
+    limit = None if args.all else _EVERY_LINE_UP_TO
     if args.file:
         try:
             with open_input(args.file) as f:
-                raw = list(iter_lines(f, settings.input.max_line_bytes))
-        except (InputError, EOFError, OSError) as e:
+                ex = explain_lines(engine, iter_lines(f, settings.input.max_line_bytes), args.rule,
+                                   settings.catalog.enabled, limit)
+        except InputError as e:
             raise UsageError(f"rules explain: {e}") from None
+        except (EOFError, OSError, zlib.error) as e:  # a truncated or corrupt .gz
+            raise UsageError(f"rules explain: {args.file}: cannot read ({e})") from None
     else:
-        raw = [line for arg in args.lines for line in arg.split("\n")]
-    if not raw:
+        ex = explain_lines(engine, [line for arg in args.lines for line in arg.split("\n")], args.rule,
+                           settings.catalog.enabled, limit)
+    if not ex.lines and ex.report.status == "empty":
         raise UsageError("rules explain: no lines to explain")
-    ex = explain_lines(Engine.for_rules(settings, rules), raw, expected=args.rule, catalog=settings.catalog.enabled)
-    print(render_explanation(ex, every_line=args.all or len(raw) <= _EVERY_LINE_UP_TO))
+    print(render_explanation(ex))
     return EXIT_OK
 
 
