@@ -278,6 +278,10 @@ class Normalizer:
             kind = step[0]
             if kind == _F_RANK:
                 rec.rank = int(line[step[1]:step[2]])
+            elif kind == _F_INNER_ISO:  # the commonest stamps first, without a call more
+                rec.ts = self._iso(line, step, False)
+            elif kind == _F_ISO and not rec.ts:
+                rec.ts = self._iso(line, step, True)
             elif kind == _F_HOST:
                 rec.host = line[step[1]:step[2]]
             elif kind == _F_LOCAL:
@@ -300,14 +304,12 @@ class Normalizer:
         rec.text = line[text_at:] if text_at else line
 
     def _stamp(self, rec: Record, line: str, step: tuple) -> None:
-        """A timestamp step: the first full stamp of a line sets its time (and the year of later
-        year-less ones); a stamp inside the message only when no prefix had one."""
+        """A timestamp step the replay does not take itself: a line's first ctime or syslog stamp sets its
+        time (a ctime one, like an ISO one, also the year of later year-less stamps), a glog stamp in the
+        message its time, and an ISO stamp after the line's time only the year."""
         kind = step[0]
-        if kind == _F_ISO:
-            if not rec.ts:
-                rec.ts = self._iso(line, step, True)
-            else:
-                self._year, self._month = int(line[step[1]:step[1] + 4]), int(line[step[1] + 5:step[1] + 7])
+        if kind == _F_ISO:  # a second ISO stamp (the first is the replay's): it sets the year only
+            self._year, self._month = int(line[step[1]:step[1] + 4]), int(line[step[1] + 5:step[1] + 7])
         elif kind == _F_CTIME:
             if not rec.ts:
                 _, month, d0, d1, hh, mm, ss, yy = step
@@ -319,8 +321,6 @@ class Normalizer:
                 _, month, d0, d1, hh, mm, ss = step
                 rec.ts = _mk_ts(self._year_of(month), month, int(line[d0:d1]), int(line[hh:hh + 2]),
                                 int(line[mm:mm + 2]), int(line[ss:ss + 2]))
-        elif kind == _F_INNER_ISO:
-            rec.ts = self._iso(line, step, False)
         else:  # _F_GLOG
             _, mo0, mo1, d0, hh, mm, ss, f0, f1 = step
             try:

@@ -69,7 +69,7 @@ class RuleSet:
         # Only rules whose keywords occur in the event (plus those without keywords) are tried.
         for i in self.prefilter.candidate_rules(t.keywords for t in texts):
             rule = self.rules[i]
-            found = match_rule(rule, event, texts)
+            found = _check(rule, event, texts)[1]  # match_rule's, a call less (this is the hot loop)
             if found is None:
                 continue
             record, groups = found
@@ -130,7 +130,7 @@ def _check(rule: Rule, event: Event, texts: list[_Text]) -> tuple[int, tuple[Rec
             return _NO_PATTERN, None
     else:
         found = (event.anchor, {})
-    if _unless_hit(rule, event, texts) is not None:
+    if rule.unless and _unless_hit(rule, event, texts) is not None:
         return _UNLESS, None
     return _MATCHED, found
 
