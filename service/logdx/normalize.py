@@ -133,7 +133,6 @@ _F_CTIME = 9  # (kind, month, day_s, day_e, hh_s, mm_s, ss_s, year_s)
 _F_SYSLOG = 10  # (kind, month, day_s, day_e, hh_s, mm_s, ss_s): no year
 _F_INNER_ISO = 11  # like _F_ISO, a stamp inside the message (does not set the year)
 _F_GLOG = 12  # (kind, mon_s, mon_e, day_s, hh_s, mm_s, ss_s, frac_s, frac_e)
-_FIRST_STAMP = _F_ISO
 
 _SIMPLE_FIELDS = {"rank": _F_RANK, "host": _F_HOST, "local_rank": _F_LOCAL, "pid": _F_PID, "srun": _F_SRUN,
                   "session_host": _F_SESSION_HOST}
