@@ -25,8 +25,8 @@ from logdx.diagnose.llm import (
 )
 from logdx.diagnose.llm.openai import reply_schema
 from logdx.incidents import Incident, mask_text
-from logdx.model import Action, Category, FailureContext, StageVote
-from logdx.taxonomy import failure_types_of, make_label
+from logdx.model import Action, Category, FailureContext, Label, StageVote
+from logdx.taxonomy import category_of, default_action, failure_types_of, make_label, taxonomy, title_of
 
 # The cache `make install` converted into (conftest.py sets LOGDX_LLM__CACHE_DIR to it).
 LLM_CACHE = Path(os.environ["LOGDX_LLM__CACHE_DIR"]) / "gemma3-270m"
@@ -182,8 +182,16 @@ def test_candidate_labels_are_small_unique_and_include_proposals():
 def test_explanation_is_templated():
     text = render_explanation(Prompts(), make_label("infrastructure", "ecc_error"), ECC_CTX,
                               probability=0.8, n_candidates=7, examples=EXAMPLES)
-    assert text.startswith("Most likely an uncorrectable GPU memory (ECC) error (infrastructure/ecc_error), 80% among 7")
+    assert text.startswith("Most likely: uncorrectable GPU memory (ECC) error (infrastructure/ecc_error), 80% among 7")
     assert "seed-a" in text and "drain node, RMA GPU" in text and "\n" not in text
+
+
+@pytest.mark.parametrize("failure_type", sorted(taxonomy().types))
+def test_explanation_names_every_failure_type_by_the_taxonomys_title(failure_type):
+    """The template re-types no title: time_limit once read "a time limit in the training script"."""
+    cat = category_of(failure_type)
+    text = render_explanation(Prompts(), Label(cat, failure_type, default_action(cat, failure_type)), ECC_CTX)
+    assert text.startswith(f"Most likely: {title_of(failure_type)} ({cat.value}/{failure_type})")
 
 
 # --- OpenAI-compatible backend against a real local server -------------------------------------------

@@ -141,3 +141,24 @@ def test_a_stamp_without_a_year_takes_the_year_nearest_the_last_full_stamp():
     dec = n.normalize(b"Dec 31 23:59:50 node-1 kernel: NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.")
     jan = n.normalize(b"Jan  1 00:00:09 node-1 kernel: NVRM: GPU has fallen off the bus.")
     assert 0 < jan.ts - dec.ts < 60  # not a year apart: no invented stall
+
+
+@pytest.mark.parametrize(("line", "host", "text"), [
+    ("nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 24007, Fatal, Link 32", None,
+     "nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 24007, Fatal, Link 32"),
+    ("Nov 13 10:00:01 gpu-node-7 kernel: nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal", "gpu-node-7",
+     "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal"),
+    ("nvidia-nvswitch-host3: RuntimeError: boom", "nvidia-nvswitch-host3", "RuntimeError: boom"),
+])
+def test_a_kernel_driver_device_name_is_no_host(line, host, text):
+    """The NVSwitch driver prefixes its messages with the switch's name: the rules need it in the text."""
+    rec = Normalizer().normalize(line)
+    assert (rec.host, rec.text) == (host, text)
+
+
+def test_every_launcher_prefix_row_gives_known_fields_only():
+    from logdx.normalize import LAUNCHER_PREFIXES, LauncherPrefix, _compile_prefix
+
+    assert [p.row for p in map(_compile_prefix, LAUNCHER_PREFIXES)] == list(LAUNCHER_PREFIXES)
+    with pytest.raises(ValueError, match="hots"):
+        _compile_prefix(LauncherPrefix("typo", ("alpha",), r"(?P<hots>[a-z]+\d+): "))

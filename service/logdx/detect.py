@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from logdx.config import DetectSettings
 from logdx.flightrec.frtext import parse_fr_trace_text
-from logdx.model import CompressionSummary, Event, Frame, KeptLine, Record
+from logdx.model import CompressionSummary, Event, EventKind, Frame, KeptLine, Record
 from logdx.patterns import (
     CHAINED,
     GLUED_EXCEPTION,
@@ -136,7 +136,7 @@ class _OpenStack:
         return [self._event(main, self.pid)]
 
     def _event(self, t: _Thread, pid: object) -> Event:
-        return Event(kind="stack_dump", anchor=t.records[0], lines=self.lines, frames=list(reversed(t.frames)),
+        return Event(kind=EventKind.STACK_DUMP, anchor=t.records[0], lines=self.lines, frames=list(reversed(t.frames)),
                      attrs={"pid": pid, "thread": t.name, "threads": len(self.threads),
                             "frame_lines": list(reversed(t.records))})
 
@@ -275,7 +275,7 @@ class Detector:
         findings = parse_fr_trace_text(r.text for r in lines)
         if not findings.groups:
             return []
-        return [Event(kind="fr_report", anchor=lines[0], lines=lines, attrs={"findings": findings})]
+        return [Event(kind=EventKind.FR_REPORT, anchor=lines[0], lines=lines, attrs={"findings": findings})]
 
     def _close_stack(self, key: str) -> list[Event]:
         dump = self._stacks.pop(key, None)
@@ -290,7 +290,7 @@ class Detector:
             if tb is None or tb.closed:
                 chained = key in self._chain_pending
                 self._chain_pending.discard(key)
-                tb = _OpenTraceback(event=Event(kind="traceback", anchor=rec, lines=[rec]), prefix=traceback_prefix(text))
+                tb = _OpenTraceback(event=Event(kind=EventKind.TRACEBACK, anchor=rec, lines=[rec]), prefix=traceback_prefix(text))
                 self._open[key] = tb
                 self._link(key, tb.event, original=ORIGINAL_TRACEBACK in text, chained=chained)
                 # An exception printed with a traceback as its message ("IndexError: Traceback...").
@@ -411,7 +411,7 @@ class Detector:
         # The next record, kept as the message's continuation: an event of its own when it says one
         # (an exception, a launcher's exit, an Xid, an NCCL warning, a logger's error).
         ev = self._line_event(rec, any_class=introduced)
-        if ev.kind != "line" or ev.exception_type or _LOGGER_ERROR.match(text):
+        if ev.kind != EventKind.LINE or ev.exception_type or _LOGGER_ERROR.match(text):
             return self._count([ev])
         return []
 
@@ -421,24 +421,24 @@ class Detector:
         """`any_class`: the line is introduced as an exception (after "... raised:"), whatever its
         class is called."""
         text = rec.text
-        ev = Event(kind="line", anchor=rec, lines=[rec])
+        ev = Event(kind=EventKind.LINE, anchor=rec, lines=[rec])
         if "Xid" in text:
             m = _XID.search(text)
             if m:
-                ev.kind = "xid"
+                ev.kind = EventKind.XID
                 ev.gpu = m.group("pci")
                 ev.attrs["xid"] = int(m.group("code"))
                 pid = _XID_PID.search(text)
                 if pid:
                     ev.attrs["pid"] = int(pid.group(1))
         elif "NCCL" in text and ("WARN" in text or "ERROR" in text):
-            ev.kind = "nccl"
+            ev.kind = EventKind.NCCL
         elif "ChildFailedError" in text:
-            ev.kind = "child_failed"
+            ev.kind = EventKind.CHILD_FAILED
         else:
             m = _EXITCODE.search(text)
             if m:
-                ev.kind = "signal_exit"
+                ev.kind = EventKind.SIGNAL_EXIT
                 code = m.group("code")
                 ev.attrs["exitcode"] = int(code) if code else -int(m.group("sig"))
                 pid = _PID.search(text)
@@ -468,13 +468,13 @@ class Detector:
         if d is not None and d.kind != "nan":
             attrs: dict[str, object] = {"divergence": d.kind, "step": d.step, "loss_before": d.loss_before,
                                         "loss_after": d.loss_after, "rollback_to_step": d.rollback_to_step}
-            return Event(kind="loss_spike", anchor=rec, lines=[rec], attrs=attrs)
+            return Event(kind=EventKind.LOSS_SPIKE, anchor=rec, lines=[rec], attrs=attrs)
         m = _LOSS.search(rec.text)
         value = m.group("v").lower() if m else "nan"
         attrs = {"loss": value}
         if d is not None:
             attrs.update({"divergence": d.kind, "step": d.step, "rollback_to_step": d.rollback_to_step})
-        return Event(kind="loss_nan", anchor=rec, lines=[rec], attrs=attrs)
+        return Event(kind=EventKind.LOSS_NAN, anchor=rec, lines=[rec], attrs=attrs)
 
     def _stall_event(self, summary: CompressionSummary, last_progress: Record | None) -> Event | None:
         if last_progress is None or last_progress.ts is None or summary.last_progress_ts is None or summary.last_ts is None:
@@ -486,7 +486,7 @@ class Detector:
         if gap > _CLOCK_JUMP_S:
             return None  # two clocks (a local glog stamp, a UTC one), not a job stuck for days
         return Event(
-            kind="stall",
+            kind=EventKind.STALL,
             anchor=last_progress,
             lines=[last_progress],
             attrs={"stalled_s": round(gap, 1), "step_interval_s": round(interval, 3)},

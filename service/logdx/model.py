@@ -7,24 +7,24 @@ reads one way: normalize -> compress -> detect -> diagnose -> act.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class Category(str, Enum):
+class Category(StrEnum):
     INFRASTRUCTURE = "infrastructure"
     FRAMEWORK = "framework"
     SCRIPT = "script"
     UNKNOWN = "unknown"
 
 
-class Action(str, Enum):
+class Action(StrEnum):
     CORDON_AND_RESTART = "cordon_and_restart"
     RESTART = "restart"
     NO_RESTART = "no_restart"
     NONE = "none"
 
 
-class Role(str, Enum):
+class Role(StrEnum):
     """Whether a matched rule names the cause of a failure or one of its echoes."""
 
     ROOT_CAUSE = "root_cause"
@@ -33,7 +33,84 @@ class Role(str, Enum):
     FALLBACK = "fallback"
 
 
+class Severity(StrEnum):
+    """How grave a rule's finding is; the order of the members is the order of gravity (gravest first)."""
+
+    CRITICAL = "critical"
+    HIGH = "high"
+    MEDIUM = "medium"
+    LOW = "low"
+
+    @property
+    def rank(self) -> int:
+        """0 for the gravest: what sorting by gravity compares."""
+        return _SEVERITY_ORDER[self]
+
+
+_SEVERITY_ORDER = {s: i for i, s in enumerate(Severity)}
+
+
+class EventKind(StrEnum):
+    """What the detect stage saw (`Event.kind`); a rule's `match.kinds` names these."""
+
+    TRACEBACK = "traceback"
+    LINE = "line"
+    NCCL = "nccl"
+    XID = "xid"
+    SIGNAL_EXIT = "signal_exit"
+    CHILD_FAILED = "child_failed"
+    LOSS_NAN = "loss_nan"
+    LOSS_SPIKE = "loss_spike"
+    STALL = "stall"
+    STACK_DUMP = "stack_dump"
+    FR_REPORT = "fr_report"
+
+
 # Failure types, and what each implies, are data: see logdx/taxonomy.yaml and logdx.taxonomy.
+class FT(StrEnum):
+    """The failure types code reasons about by name (a hang is decided by code, not by a rule).
+
+    Not the list of failure types: that is taxonomy.yaml, and a new type needs no member here. The
+    taxonomy refuses to load when a member names a type it does not declare.
+    """
+
+    GPU_FELL_OFF_BUS = "gpu_fell_off_bus"
+    ECC_ERROR = "ecc_error"
+    NVLINK_ERROR = "nvlink_error"
+    GPU_HARDWARE_ERROR = "gpu_hardware_error"
+    NODE_FAILURE = "node_failure"
+    CUDA_ERROR = "cuda_error"
+    NETWORK_ERROR = "network_error"
+    NCCL_TIMEOUT = "nccl_timeout"
+    STORAGE_ERROR = "storage_error"
+    DISK_FULL = "disk_full"
+    TIME_LIMIT = "time_limit"
+    HANG = "hang"
+    CUDA_OOM = "cuda_oom"
+    HOST_OOM = "host_oom"
+    DATALOADER_KILLED = "dataloader_killed"
+    NAN_LOSS = "nan_loss"
+    CONFIG_ERROR = "config_error"
+    VERSION_MISMATCH = "version_mismatch"
+    ENVIRONMENT_ERROR = "environment_error"
+    FRAMEWORK_ERROR = "framework_error"
+    FRAMEWORK_HANG = "framework_hang"
+    SYNTAX_ERROR = "syntax_error"
+    IMPORT_ERROR = "import_error"
+    NAME_ERROR = "name_error"
+    ATTRIBUTE_ERROR = "attribute_error"
+    TYPE_ERROR = "type_error"
+    KEY_ERROR = "key_error"
+    INDEX_ERROR = "index_error"
+    VALUE_ERROR = "value_error"
+    FILE_NOT_FOUND = "file_not_found"
+    PERMISSION_ERROR = "permission_error"
+    ARGUMENT_ERROR = "argument_error"
+    CALLED_PROCESS_ERROR = "called_process_error"
+    SCRIPT_ERROR = "script_error"
+    SCRIPT_HANG = "script_hang"
+    UNKNOWN = "unknown"
+
 
 
 @dataclass(slots=True)
@@ -199,7 +276,7 @@ class Frame:
 class Event:
     """Something that happened: a traceback, an NCCL warning, an Xid, a signal exit, a NaN..."""
 
-    kind: str  # traceback | line | nccl | xid | signal_exit | child_failed | loss_nan | loss_spike | stall
+    kind: EventKind
     anchor: Record  # the one line that stands for the event (the exception line, the Xid line...)
     lines: list[Record] = field(default_factory=list)  # the event's lines, anchor included
     exception_type: str | None = None  # for tracebacks: "torch.OutOfMemoryError" style, as printed

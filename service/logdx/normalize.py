@@ -16,7 +16,7 @@ import gzip
 import io
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,26 +29,6 @@ _READ_CHUNK = 1 << 20
 
 _ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
-# --- launcher / transport prefixes -------------------------------------------------------------
-# Pattern bodies; the families further down join them.
-_TORCHRUN_LOCAL = r"\[default(?P<local>\d+)\]:"
-_TORCHRUN_RANK = r"\[[Rr]ank\s?(?P<rank>\d+)\]:\s?"
-_MPI_TAG = r"\[\d+,(?P<mpi_rank>\d+)\]<(?P<mpi_stream>stdout|stderr)>:\s?"
-_SRUN_LABEL = r"\s{0,4}(?P<label>\d{1,6}): "
-_TASK_STREAM = r"(?P<t_host>[A-Za-z][\w.-]*):(?P<t_rank>\d+) (?P<t_stream>out|err): ?"
-# A host prefix must look like a machine name (lower case, a digit somewhere) so that
-# "RuntimeError: ..." or "Epoch 3: ..." are never taken for one.
-_HOST_PREFIX = r"(?P<p_host>[a-z][a-z0-9-]*\d[a-z0-9.-]*|localhost): "
-_NCCL = r"(?P<n_host>[\w.-]+):(?P<n_pid>\d+):\d+ \[(?P<n_dev>\d+)\] "
-# Ray prefixes each worker's output with its actor and process: "(pid=1521961) ", "(RayTrainWorker
-# pid=2345, ip=10.0.0.12) ".
-_RAY_PREFIX = re.compile(r"\((?:[\w.:]+ )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[\d.]+))?\) ")
-# Slurm's step daemon names its node in its own name on some sites ("slurmstepd-nid001234: error: ...").
-_SLURMSTEPD_HOST = re.compile(r"slurmstepd-(?P<host>[A-Za-z0-9][\w.-]*): ")
-_SHELL_PROMPT = re.compile(r"(?:\([\w.-]+\) )?[\w.-]+@([\w.-]+)[: ][^\n]{0,80}?[%$#] ")
-
-_MESSAGE_RANK = re.compile(r"\[(?:PG \d+ (?:\([^)]*\) )?)?Rank (\d+)\]")
-
 # --- timestamps ----------------------------------------------------------------------------------
 # YYYY-MM-DD[T ]HH:MM (the minute: a cache key), :SS, fraction, zone.
 _ISO_BODY = (
@@ -56,26 +36,75 @@ _ISO_BODY = (
 )
 _ISO = re.compile(_ISO_BODY)
 _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
-_CTIME = re.compile(r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) ([A-Z][a-z]{2}) +(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\s?")
-_SYSLOG = re.compile(r"([A-Z][a-z]{2}) +(\d{1,2}) (\d\d):(\d\d):(\d\d) ([\w.-]+) ")
-_SYSLOG_PROGRAM = re.compile(r"[\w./-]+(?:\[\d+\])?: ")  # "kernel: [12345.678] NVRM: ..." / "sshd[123]: ..."
-_DMESG_CTIME = (r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?P<c_mon>[A-Z][a-z]{2}) +(?P<c_day>\d{1,2}) (?P<c_hh>\d\d)"
-                r":(?P<c_mm>\d\d):(?P<c_ss>\d\d) (?P<c_year>\d{4})\] ")
-_DMESG_REL = r"\[\s*[+]?\d+\.\d+\] "
+_MONTH_NAMES = "|".join(_MONTHS)
+_WEEKDAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
 _GLOG = re.compile(r"\[?([IWEF])(\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+)")
+_MESSAGE_RANK = re.compile(r"\[(?:PG \d+ (?:\([^)]*\) )?)?Rank (\d+)\]")
 
-# --- one regex per peeling step ------------------------------------------------------------------
-# The prefixes a line can start with, grouped by the first character they allow, each family ONE
-# alternation in the order its patterns are tried (at a fixed position an alternation takes the first
-# alternative that matches, as trying them one by one would). An empty named group closes each
-# alternative, so `m.lastgroup` names the one that matched.
-_BRACKET_PREFIX = re.compile(
-    f"{_TORCHRUN_LOCAL}(?P<b_local>)|{_TORCHRUN_RANK}(?P<b_rank>)|{_MPI_TAG}(?P<b_mpi>)"
-    f"|{_DMESG_CTIME}(?P<b_dmesg>)|{_DMESG_REL}(?P<b_rel>)|{_ISO_BODY}(?P<b_iso>)"
+
+# --- launcher / transport prefixes: the table ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherPrefix:
+    """One shape of prefix a line can start with. The normaliser peels prefixes off in any order
+    until none applies (launchers nest: srun around torchrun), trying the rows in table order.
+
+    The pattern's named groups are the fields it gives: `rank`, `local_rank`, `host`, `pid`, `stream`
+    (`out`/`err` read as stdout/stderr), `srun` (srun -l's task label: the rank, unless srun runs one
+    task per node), `session_host` (a shell prompt: the host of every later line), and a timestamp,
+    whose groups name its kind: ISO (`ymdhm`, `ss`, `frac`, `tz`), ctime (`c_mon`, `c_day`, `c_hh`,
+    `c_mm`, `c_ss`, `c_year`) or syslog, without a year (`s_mon`, `s_day`, `s_hh`, `s_mm`, `s_ss`).
+    A group that did not take part gives nothing."""
+
+    name: str
+    starts: tuple[str, ...]  # what the line may start with for the row to be tried: characters, or "digit",
+    #                          "alpha", "upper" (str.isdigit & co., Unicode included, as the patterns' \d, \w)
+    pattern: str
+    fill: frozenset[str] = frozenset()  # fields it gives only when no earlier prefix gave them
+    needs_unknown: str = ""  # tried only while this field is unknown
+    ends: bool = False  # the last prefix: what follows is the message, the prefix's own text included
+    nests: bool = False  # a launcher that numbers ranks itself: with it, srun's labels number nodes
+    guard: str = ""  # a character the line must hold within its first 64 (a cheap test before the regex)
+
+
+# A host prefix must look like a machine name (lower case, a digit somewhere) so that "RuntimeError: ..."
+# or "Epoch 3: ..." are never taken for one; nor a kernel driver's device name ("nvidia-nvswitch3: SXid").
+_HOST_NAME = r"(?!nvidia-nvswitch\d+: )(?P<host>[a-z][a-z0-9-]*\d[a-z0-9.-]*|localhost)"
+
+LAUNCHER_PREFIXES: tuple[LauncherPrefix, ...] = (
+    LauncherPrefix("torchrun local rank", ("[",), r"\[default(?P<local_rank>\d+)\]:"),
+    LauncherPrefix("torchrun rank", ("[",), r"\[[Rr]ank\s?(?P<rank>\d+)\]:\s?", nests=True),
+    LauncherPrefix("mpirun tag", ("[",), r"\[\d+,(?P<rank>\d+)\]<(?P<stream>stdout|stderr)>:\s?", nests=True),
+    LauncherPrefix("dmesg -T stamp", ("[",),
+                   rf"\[{_WEEKDAY} (?P<c_mon>[A-Z][a-z]{{2}}) +(?P<c_day>\d{{1,2}}) (?P<c_hh>\d\d):(?P<c_mm>\d\d)"
+                   r":(?P<c_ss>\d\d) (?P<c_year>\d{4})\] "),
+    LauncherPrefix("kernel relative stamp", ("[",), r"\[\s*[+]?\d+\.\d+\] "),  # "[  123.456] ": dropped
+    LauncherPrefix("ISO stamp", ("[", "digit"), _ISO_BODY),
+    LauncherPrefix("srun -l label", ("digit", " "), r"\s{0,4}(?P<srun>\d{1,6}): ", needs_unknown="rank"),
+    LauncherPrefix("ctime stamp", ("MTWFS",),
+                   rf"{_WEEKDAY} (?P<c_mon>[A-Z][a-z]{{2}}) +(?P<c_day>\d{{1,2}}) (?P<c_hh>\d\d):(?P<c_mm>\d\d)"
+                   r":(?P<c_ss>\d\d) (?P<c_year>\d{4})\s?"),
+    # "Nov 13 10:00:01 node-3 kernel: ...": the program after the host ("kernel: ", "sshd[123]: ") goes too.
+    LauncherPrefix("syslog", ("upper",),
+                   rf"(?P<s_mon>{_MONTH_NAMES}) +(?P<s_day>\d{{1,2}}) (?P<s_hh>\d\d):(?P<s_mm>\d\d):(?P<s_ss>\d\d) "
+                   r"(?P<host>[\w.-]+) (?:[\w./-]+(?:\[\d+\])?: )?", fill=frozenset({"host"})),
+    # Ray: "(pid=1521961) ", "(RayTrainWorker pid=2345, ip=10.0.0.12) ".
+    LauncherPrefix("ray worker", ("(",), r"\((?:[\w.:]+ )?pid=(?P<pid>\d+)(?:, ip=(?P<host>[\d.]+))?\) ",
+                   fill=frozenset({"host"})),
+    # Slurm's step daemon names its node in its own name on some sites: the message keeps "slurmstepd-...:".
+    LauncherPrefix("slurmstepd host", ("s",), r"slurmstepd-(?P<host>[A-Za-z0-9][\w.-]*): ", needs_unknown="host",
+                   ends=True),
+    # NCCL's "host:pid:tid [dev] ".
+    LauncherPrefix("nccl", ("alpha",), r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[(?P<local_rank>\d+)\] ",
+                   fill=frozenset({"host", "local_rank"})),
+    LauncherPrefix("task stream", ("alpha",), r"(?P<host>[A-Za-z][\w.-]*):(?P<rank>\d+) (?P<stream>out|err): ?",
+                   fill=frozenset({"host", "rank"})),
+    LauncherPrefix("pdsh host", ("alpha",), rf"{_HOST_NAME}: ", fill=frozenset({"host"})),
+    # A pasted terminal session names its host once, in the prompt.
+    LauncherPrefix("shell prompt", ("alpha",), r"(?:\([\w.-]+\) )?[\w.-]+@(?P<session_host>[\w.-]+)[: ][^\n]{0,80}?[%$#] ",
+                   ends=True, guard="@"),
 )
-_DIGIT_PREFIX = re.compile(f"{_ISO_BODY}(?P<d_iso>)|{_SRUN_LABEL}(?P<d_srun>)")
-_SPACE_PREFIX = re.compile(_SRUN_LABEL)
-_HOSTLIKE_PREFIX = re.compile(f"{_NCCL}(?P<h_nccl>)|{_TASK_STREAM}(?P<h_task>)|{_HOST_PREFIX}(?P<h_host>)")
 
 # --- the prefix-shape cache ------------------------------------------------------------------------
 # Which prefixes a line has, where they end and where their fields sit depends on its characters but
@@ -89,23 +118,64 @@ _PLAN_CACHE_SIZE = 8192  # shapes remembered; the cache starts over when full (m
 _PLAN_MAX_BYTES = 1024  # longer lines (rare) are peeled without the cache
 _SECOND_CACHE_SIZE = 4096
 
-# Plan steps: a tuple whose first item says what to do with the spans (offsets into the line) after it.
-_P_RANK = 0  # (op, start, end): rec.rank = int(...)              [rank], srun label
-_P_ISO = 1  # (op, ymdhm_start, ss_start, frac_start, frac_end, tz_start, tz_end); frac/tz -1 when absent
-_P_LOCAL = 2  # (op, start, end): rec.local_rank
-_P_MPI = 3  # (op, start, end, stream)
-_P_HOST = 4  # (op, host_start, host_end)                          pdsh "node-3: "
-_P_NCCL = 5  # (op, host_start, host_end, pid_start, pid_end, dev_start, dev_end); host/dev -1 when already known
-_P_TASK = 6  # (op, host_start, host_end, rank_start, rank_end, stream); host/rank -1 when already known
-_P_CTIME = 7  # (op, month, day_s, day_e, hh_s, mm_s, ss_s, year_s): ctime / dmesg -T stamp
-_P_SYSLOG = 8  # (op, month, day_s, day_e, hh_s, mm_s, ss_s, host_s, host_e); host_s -1 when already known
-_P_SHELL = 9  # (op, host_start, host_end): a shell prompt names the session's host
-_P_INNER_ISO = 10  # like _P_ISO, for a stamp inside the message (does not set the year)
-_P_GLOG = 11  # (op, mon_s, mon_e, day_s, hh_s, mm_s, ss_s, frac_s, frac_e)
-_P_MESSAGE_RANK = 12  # (op, start, end)
-_P_SRUN = 13  # (op, start, end): srun -l's task label: the rank, unless srun runs one task per node
-_P_NESTED = 14  # (op,): this line has a task label and a rank prefix: task labels are nodes, not ranks
-_P_RAY = 15  # (op, pid_start, pid_end, ip_start, ip_end): a Ray worker's prefix; ip -1 when absent or known
+# Plan steps: a tuple whose first item says which field the spans (offsets into the line) after it give.
+# One kind per field, whatever prefix gave it: a prefix of a new shape is a new row, not a new kind.
+_F_RANK = 0  # (kind, start, end)
+_F_HOST = 1  # (kind, start, end)
+_F_LOCAL = 2  # (kind, start, end)
+_F_PID = 3  # (kind, start, end)
+_F_STREAM = 4  # (kind, "stdout" | "stderr")
+_F_SRUN = 5  # (kind, start, end): the rank, unless srun's labels number nodes
+_F_NESTED = 6  # (kind,): a task label and a rank prefix on one line: task labels are nodes, not ranks
+_F_SESSION_HOST = 7  # (kind, start, end)
+_F_ISO = 8  # (kind, ymdhm_start, ss_start, frac_start, frac_end, tz_start, tz_end); frac/tz -1 when absent
+_F_CTIME = 9  # (kind, month, day_s, day_e, hh_s, mm_s, ss_s, year_s)
+_F_SYSLOG = 10  # (kind, month, day_s, day_e, hh_s, mm_s, ss_s): no year
+_F_INNER_ISO = 11  # like _F_ISO, a stamp inside the message (does not set the year)
+_F_GLOG = 12  # (kind, mon_s, mon_e, day_s, hh_s, mm_s, ss_s, frac_s, frac_e)
+
+_SIMPLE_FIELDS = {"rank": _F_RANK, "host": _F_HOST, "local_rank": _F_LOCAL, "pid": _F_PID, "srun": _F_SRUN,
+                  "session_host": _F_SESSION_HOST}
+_KNOWN_AS = {"srun": "rank", "session_host": "host"}  # a field of these groups counts as this one given
+_STREAMS = {"out": "stdout", "err": "stderr", "stdout": "stdout", "stderr": "stderr"}
+
+
+_CHARACTER_CLASSES = {"digit": str.isdigit, "alpha": str.isalpha, "upper": str.isupper}
+
+
+@dataclass(frozen=True, slots=True)
+class _CompiledPrefix:
+    row: LauncherPrefix
+    regex: re.Pattern[str]
+    chars: str  # the literal characters of `starts`
+    classes: tuple[Callable[[str], bool], ...]  # its character classes
+    fields: tuple[tuple[str, str], ...]  # (group, the field it gives: "rank", ..., or a stamp's kind)
+
+    def may_start(self, c: str) -> bool:
+        return c in self.chars or any(test(c) for test in self.classes)
+
+
+def _compile_prefix(row: LauncherPrefix) -> _CompiledPrefix:
+    regex = re.compile(row.pattern)
+    groups = set(regex.groupindex)
+    unknown = groups - set(_SIMPLE_FIELDS) - {"stream", *_STAMP_GROUPS}
+    if unknown:
+        raise ValueError(f"launcher prefix {row.name!r}: unknown field group(s) {sorted(unknown)}")
+    # In the pattern's order: the replay converts them in it (a value int() refuses ends the replay there).
+    firsts = {first: kind for kind, (first, *_) in _STAMP_GROUPS_BY_KIND.items()}
+    fields = [(g, firsts.get(g, g)) for g in regex.groupindex if g in _SIMPLE_FIELDS or g == "stream" or g in firsts]
+    return _CompiledPrefix(row, regex, "".join(s for s in row.starts if s not in _CHARACTER_CLASSES),
+                           tuple(_CHARACTER_CLASSES[s] for s in row.starts if s in _CHARACTER_CLASSES),
+                           tuple(fields))
+
+
+_STAMP_GROUPS_BY_KIND = {
+    "iso": ("ymdhm", "ss", "frac", "tz"),
+    "ctime": ("c_mon", "c_day", "c_hh", "c_mm", "c_ss", "c_year"),
+    "syslog": ("s_mon", "s_day", "s_hh", "s_mm", "s_ss"),
+}
+_STAMP_GROUPS = {g for groups in _STAMP_GROUPS_BY_KIND.values() for g in groups}
+_PREFIXES = tuple(_compile_prefix(row) for row in LAUNCHER_PREFIXES)
 
 
 @dataclass(slots=True)
@@ -204,72 +274,60 @@ class Normalizer:
         the prefixes were peeled (a later stamp does not replace an earlier one, `rec.ts or ...`)."""
         steps, text_at = plan
         for step in steps:
-            op = step[0]
-            if op == _P_RANK:
+            kind = step[0]
+            if kind == _F_RANK:
                 rec.rank = int(line[step[1]:step[2]])
-            elif op == _P_SRUN:
+            elif kind == _F_INNER_ISO:  # the commonest stamps first, without a call more
+                rec.ts = self._iso(line, step, False)
+            elif kind == _F_ISO and not rec.ts:
+                rec.ts = self._iso(line, step, True)
+            elif kind == _F_HOST:
+                rec.host = line[step[1]:step[2]]
+            elif kind == _F_LOCAL:
+                rec.local_rank = int(line[step[1]:step[2]])
+            elif kind == _F_STREAM:
+                rec.stream = step[1]
+            elif kind == _F_PID:
+                rec.pid = int(line[step[1]:step[2]])
+            elif kind == _F_SRUN:
                 if not self._srun_labels_nodes:
                     rec.rank = int(line[step[1]:step[2]])
-            elif op == _P_NESTED:
+            elif kind == _F_NESTED:
                 # `srun -l torchrun ...`: "5: [rank44]: ..." - srun's label numbers the node's task, so
                 # on the agent's own lines ("5: Sending process ...") it is no rank either.
                 self._srun_labels_nodes = True
-            elif op == _P_ISO:
-                if not rec.ts:
-                    rec.ts = self._iso(line, step, True)
-                else:
-                    self._year, self._month = int(line[step[1]:step[1] + 4]), int(line[step[1] + 5:step[1] + 7])
-            elif op == _P_LOCAL:
-                rec.local_rank = int(line[step[1]:step[2]])
-            elif op == _P_HOST:
-                rec.host = line[step[1]:step[2]]
-            elif op == _P_NCCL:
-                if step[1] >= 0:
-                    rec.host = line[step[1]:step[2]]
-                rec.pid = int(line[step[3]:step[4]])
-                if step[5] >= 0:
-                    rec.local_rank = int(line[step[5]:step[6]])
-            elif op == _P_MPI:
-                rec.rank = int(line[step[1]:step[2]])
-                rec.stream = step[3]
-            elif op == _P_TASK:
-                if step[1] >= 0:
-                    rec.host = line[step[1]:step[2]]
-                if step[3] >= 0:
-                    rec.rank = int(line[step[3]:step[4]])
-                rec.stream = step[5]
-            elif op == _P_CTIME:
-                if not rec.ts:
-                    _, month, d0, d1, hh, mm, ss, yy = step
-                    self._year, self._month = int(line[yy:yy + 4]), month
-                    rec.ts = _mk_ts(self._year, month, int(line[d0:d1]), int(line[hh:hh + 2]),
-                                    int(line[mm:mm + 2]), int(line[ss:ss + 2]))
-            elif op == _P_SYSLOG:
-                _, month, d0, d1, hh, mm, ss, h0, h1 = step
-                if not rec.ts:
-                    rec.ts = _mk_ts(self._year_of(month), month, int(line[d0:d1]), int(line[hh:hh + 2]), int(line[mm:mm + 2]),
-                                    int(line[ss:ss + 2]))
-                if h0 >= 0:
-                    rec.host = line[h0:h1]
-            elif op == _P_SHELL:
+            elif kind == _F_SESSION_HOST:
                 self._session_host = rec.host = line[step[1]:step[2]]
-            elif op == _P_INNER_ISO:
-                rec.ts = self._iso(line, step, False)
-            elif op == _P_GLOG:
-                _, mo0, mo1, d0, hh, mm, ss, f0, f1 = step
-                try:
-                    month = int(line[mo0:mo1])
-                    rec.ts = _mk_ts(self._year_of(month), month, int(line[d0:d0 + 2]), int(line[hh:hh + 2]),
-                                    int(line[mm:mm + 2]), int(line[ss:ss + 2])) + float("0." + line[f0:f1])
-                except ValueError:
-                    rec.ts = None
-            elif op == _P_RAY:
-                rec.pid = int(line[step[1]:step[2]])
-                if step[3] >= 0:
-                    rec.host = line[step[3]:step[4]]
-            else:  # _P_MESSAGE_RANK
-                rec.rank = int(line[step[1]:step[2]])
+            else:
+                self._stamp(rec, line, step)
         rec.text = line[text_at:] if text_at else line
+
+    def _stamp(self, rec: Record, line: str, step: tuple) -> None:
+        """A timestamp step the replay does not take itself: a line's first ctime or syslog stamp sets its
+        time (a ctime one, like an ISO one, also the year of later year-less stamps), a glog stamp in the
+        message its time, and an ISO stamp after the line's time only the year."""
+        kind = step[0]
+        if kind == _F_ISO:  # a second ISO stamp (the first is the replay's): it sets the year only
+            self._year, self._month = int(line[step[1]:step[1] + 4]), int(line[step[1] + 5:step[1] + 7])
+        elif kind == _F_CTIME:
+            if not rec.ts:
+                _, month, d0, d1, hh, mm, ss, yy = step
+                self._year, self._month = int(line[yy:yy + 4]), month
+                rec.ts = _mk_ts(self._year, month, int(line[d0:d1]), int(line[hh:hh + 2]),
+                                int(line[mm:mm + 2]), int(line[ss:ss + 2]))
+        elif kind == _F_SYSLOG:
+            if not rec.ts:
+                _, month, d0, d1, hh, mm, ss = step
+                rec.ts = _mk_ts(self._year_of(month), month, int(line[d0:d1]), int(line[hh:hh + 2]),
+                                int(line[mm:mm + 2]), int(line[ss:ss + 2]))
+        else:  # _F_GLOG
+            _, mo0, mo1, d0, hh, mm, ss, f0, f1 = step
+            try:
+                month = int(line[mo0:mo1])
+                rec.ts = _mk_ts(self._year_of(month), month, int(line[d0:d0 + 2]), int(line[hh:hh + 2]),
+                                int(line[mm:mm + 2]), int(line[ss:ss + 2])) + float("0." + line[f0:f1])
+            except ValueError:
+                rec.ts = None
 
     def _year_of(self, month: int) -> int:
         """The year of a year-less stamp in `month`: the one nearest the last full stamp."""
@@ -319,121 +377,88 @@ class Normalizer:
         """
         steps: list[tuple] = []
         text, at = line, 0
-        rank = local = host = ts = False  # which fields the steps so far set
+        known: set[str] = set()  # the fields the steps so far gave ("ts" for any stamp)
+        nests = False
         for _ in range(8):
-            if not text:
+            found = _peel(text, known) if text else None
+            if found is None:
                 break
-            c = text[0]
-            if c == "[":
-                m = _BRACKET_PREFIX.match(text)
-                if m is None:
-                    break
-                kind = m.lastgroup
-                if kind == "b_rank":
-                    steps.append((_P_RANK, at + m.start("rank"), at + m.end("rank")))
-                    rank = True
-                elif kind == "b_iso":
-                    steps.append(_iso_step(_P_ISO, m, at))
-                    ts = True
-                elif kind == "b_local":
-                    steps.append((_P_LOCAL, at + m.start("local"), at + m.end("local")))
-                    local = True
-                elif kind == "b_mpi":
-                    steps.append((_P_MPI, at + m.start("mpi_rank"), at + m.end("mpi_rank"), m.group("mpi_stream")))
-                    rank = True
-                elif kind == "b_dmesg":
-                    steps.append((_P_CTIME, _MONTHS.get(m.group("c_mon"), 1), at + m.start("c_day"), at + m.end("c_day"),
-                                  at + m.start("c_hh"), at + m.start("c_mm"), at + m.start("c_ss"),
-                                  at + m.start("c_year")))
-                    ts = True
-                # b_rel: a relative kernel stamp ("[  123.456] "), dropped
-            elif c.isdigit():
-                m = _DIGIT_PREFIX.match(text)
-                if m is None:
-                    break
-                if m.lastgroup == "d_iso":
-                    steps.append(_iso_step(_P_ISO, m, at))
-                    ts = True
-                elif not rank:
-                    steps.append((_P_SRUN, at + m.start("label"), at + m.end("label")))
-                    rank = True
-                else:
-                    break
-            elif c == " ":
-                if rank:
-                    break
-                m = _SPACE_PREFIX.match(text)
-                if m is None:
-                    break
-                steps.append((_P_SRUN, at + m.start("label"), at + m.end("label")))
-                rank = True
-            elif c in "MTWFS" and (m := _CTIME.match(text)):
-                steps.append((_P_CTIME, _MONTHS.get(m.group(1), 1), at + m.start(2), at + m.end(2), at + m.start(3),
-                              at + m.start(4), at + m.start(5), at + m.start(6)))
-                ts = True
-            elif c.isupper() and (m := _SYSLOG.match(text)) and m.group(1) in _MONTHS:
-                steps.append((_P_SYSLOG, _MONTHS[m.group(1)], at + m.start(2), at + m.end(2), at + m.start(3),
-                              at + m.start(4), at + m.start(5), -1 if host else at + m.start(6), at + m.end(6)))
-                ts = host = True
-                end = m.end()
-                km = _SYSLOG_PROGRAM.match(text, end)  # the program after the host: "kernel: ", "sshd[123]: "
-                if km:
-                    end = km.end()
-                text, at = text[end:], at + end
-                continue
-            elif c == "(" and (m := _RAY_PREFIX.match(text)):
-                ip = m.span("ip")
-                steps.append((_P_RAY, at + m.start("pid"), at + m.end("pid"),
-                              at + ip[0] if ip[0] >= 0 and not host else -1, at + ip[1]))
-                host = host or ip[0] >= 0
-            elif c == "s" and not host and (m := _SLURMSTEPD_HOST.match(text)):
-                # The host is in the daemon's name; the message keeps "slurmstepd-...:" for the rules.
-                steps.append((_P_HOST, at + m.start("host"), at + m.end("host")))
-                host = True
-                break
-            elif c.isalpha():
-                m = _HOSTLIKE_PREFIX.match(text)
-                if m is None:
-                    if text.find("@", 0, 64) >= 0 and (m := _SHELL_PROMPT.match(text)):
-                        steps.append((_P_SHELL, at + m.start(1), at + m.end(1)))
-                        host = True
-                    break
-                kind = m.lastgroup
-                if kind == "h_nccl":
-                    steps.append((_P_NCCL, -1 if host else at + m.start("n_host"), at + m.end("n_host"),
-                                  at + m.start("n_pid"), at + m.end("n_pid"),
-                                  -1 if local else at + m.start("n_dev"), at + m.end("n_dev")))
-                    host = local = True
-                elif kind == "h_task":
-                    steps.append((_P_TASK, -1 if host else at + m.start("t_host"), at + m.end("t_host"),
-                                  -1 if rank else at + m.start("t_rank"), at + m.end("t_rank"),
-                                  "stdout" if m.group("t_stream") == "out" else "stderr"))
-                    host = rank = True
-                else:
-                    if not host:
-                        steps.append((_P_HOST, at + m.start("p_host"), at + m.end("p_host")))
-                    host = True
-            else:
+            prefix, m = found
+            steps.extend(_field_steps(prefix, m, at, known))
+            nests = nests or prefix.row.nests
+            if prefix.row.ends:
                 break
             end = m.end()
             text, at = text[end:], at + end
-        if not ts:
-            # A stamp inside the message: glog/c10 `[E817 17:40:34.22]`, logging `2024-...`.
-            m = _ISO.search(text, 0, 96) if text.find("-", 0, 96) >= 0 else None
-            if m:
-                steps.append(_iso_step(_P_INNER_ISO, m, at))
-            elif text and text[0] in "[IWEF" and (m := _GLOG.match(text, 0, 96)):
-                steps.append((_P_GLOG, at + m.start(2), at + m.end(2), at + m.start(3), at + m.start(4), at + m.start(5),
-                              at + m.start(6), at + m.start(7), at + m.end(7)))
-        if not rank and text.find("Rank ", 0, 160) >= 0:
-            # c10d names the rank inside the message: "[PG 0 (default_pg) Rank 12] ..."
-            m = _MESSAGE_RANK.search(text, 0, 160)
-            if m:
-                steps.append((_P_MESSAGE_RANK, at + m.start(1), at + m.end(1)))
-        ops = {step[0] for step in steps}
-        if _P_SRUN in ops and (_P_RANK in ops or _P_MPI in ops):
-            steps.insert(0, (_P_NESTED,))
+        steps.extend(_message_steps(text, at, "ts" in known, "rank" in known))
+        if nests and any(step[0] == _F_SRUN for step in steps):
+            steps.insert(0, (_F_NESTED,))
         return tuple(steps), at
+
+
+def _peel(text: str, known: set[str]) -> tuple[_CompiledPrefix, re.Match[str]] | None:
+    """The first prefix of the table the text starts with (None: the message starts here)."""
+    c = text[0]
+    for prefix in _PREFIXES:
+        row = prefix.row
+        if not prefix.may_start(c) or (row.needs_unknown and row.needs_unknown in known):
+            continue
+        if row.guard and text.find(row.guard, 0, 64) < 0:
+            continue
+        m = prefix.regex.match(text)
+        if m is not None:
+            return prefix, m
+    return None
+
+
+def _field_steps(prefix: _CompiledPrefix, m: re.Match[str], at: int, known: set[str]) -> list[tuple]:
+    """The plan steps of one peeled prefix: a field it fills that an earlier prefix gave is left out."""
+    steps: list[tuple] = []
+    for group, field_name in prefix.fields:
+        if field_name in _STAMP_GROUPS_BY_KIND:
+            steps.append(_stamp_step(field_name, m, at))
+            known.add("ts")
+            continue
+        start, end = m.span(group)
+        given = _KNOWN_AS.get(field_name, field_name)
+        if start < 0 or (field_name in prefix.row.fill and given in known):
+            continue
+        known.add(given)
+        if field_name == "stream":
+            steps.append((_F_STREAM, _STREAMS[m.group(group)]))
+        else:
+            steps.append((_SIMPLE_FIELDS[field_name], at + start, at + end))
+    return steps
+
+
+def _stamp_step(kind: str, m: re.Match[str], at: int) -> tuple:
+    if kind == "iso":
+        return _iso_step(_F_ISO, m, at)
+    p = "c_" if kind == "ctime" else "s_"
+    month = _MONTHS.get(m.group(p + "mon"), 1)
+    offsets = (at + m.start(p + "day"), at + m.end(p + "day"), at + m.start(p + "hh"), at + m.start(p + "mm"),
+               at + m.start(p + "ss"))
+    if kind == "ctime":
+        return (_F_CTIME, month, *offsets, at + m.start("c_year"))
+    return (_F_SYSLOG, month, *offsets)
+
+
+def _message_steps(text: str, at: int, has_ts: bool, has_rank: bool) -> list[tuple]:
+    """What the message itself says when no prefix did: a stamp (glog/c10 `[E817 17:40:34.22]`, logging
+    `2024-...`), the rank c10d names ("[PG 0 (default_pg) Rank 12] ...")."""
+    steps: list[tuple] = []
+    if not has_ts:
+        m = _ISO.search(text, 0, 96) if text.find("-", 0, 96) >= 0 else None
+        if m:
+            steps.append(_iso_step(_F_INNER_ISO, m, at))
+        elif text and text[0] in "[IWEF" and (m := _GLOG.match(text, 0, 96)):
+            steps.append((_F_GLOG, at + m.start(2), at + m.end(2), at + m.start(3), at + m.start(4), at + m.start(5),
+                          at + m.start(6), at + m.start(7), at + m.end(7)))
+    if not has_rank and text.find("Rank ", 0, 160) >= 0:
+        m = _MESSAGE_RANK.search(text, 0, 160)
+        if m:
+            steps.append((_F_RANK, at + m.start(1), at + m.end(1)))
+    return steps
 
 
 def _iso_step(op: int, m: re.Match[str], at: int) -> tuple:

@@ -29,7 +29,7 @@ from logdx.detect import DetectConfig, Detector
 from logdx.diagnose.cascade import Diagnoser
 from logdx.diagnose.fusion import FusionWeights
 from logdx.diagnose.rules import RuleSet, default_rules_dir, load_rules
-from logdx.model import CompressionSummary, Event, FailureContext, KeptLine, Record, Role, TemplateStats
+from logdx.model import FT, CompressionSummary, Event, EventKind, FailureContext, KeptLine, Record, Role, TemplateStats
 
 if TYPE_CHECKING:
     from logdx.flightrec import FrFindings
@@ -65,12 +65,7 @@ class Engine:
         needs them)."""
         dirs = [default_rules_dir(), *settings.rules.dirs, *extra_rule_dirs]
         rules = load_rules(dirs)
-        diagnoser = Diagnoser(rules=rules, weights=FusionWeights.from_settings(settings.fusion),
-                              llm_always=settings.llm.always)
-        if settings.catalog.enabled:
-            from logdx.diagnose.catalog import catalog_vote
-
-            diagnoser.catalog = catalog_vote
+        diagnoser = _rules_and_catalog(settings, rules)
         # The model stages (and numpy, torch) are imported only when enabled: a rules-only run starts fast.
         if incidents is None and (settings.retrieval.enabled or settings.llm.enabled):
             from logdx.incidents import IncidentStore
@@ -90,6 +85,12 @@ class Engine:
         if warm:
             engine.warm_up()
         return engine
+
+    @classmethod
+    def for_rules(cls, settings: Settings, rules: RuleSet) -> Engine:
+        """An engine of these rules and the catalog (as the settings say), no model stage: what a
+        rule pack's raw-input tests and `logdx rules explain` run on."""
+        return cls(settings=settings, rules=rules, diagnoser=_rules_and_catalog(settings, rules))
 
     def model_stages(self) -> list[tuple[str, str, Callable[[], str]]]:
         """The models to load before the first diagnosis, in order: (stage, what loading it does,
@@ -151,6 +152,16 @@ class Engine:
             session.add_flight_recorder(fr)
         report = session.report(exit_code)
         return report, session.last_context
+
+
+def _rules_and_catalog(settings: Settings, rules: RuleSet) -> Diagnoser:
+    diagnoser = Diagnoser(rules=rules, weights=FusionWeights.from_settings(settings.fusion),
+                          llm_always=settings.llm.always)
+    if settings.catalog.enabled:
+        from logdx.diagnose.catalog import catalog_vote
+
+        diagnoser.catalog = catalog_vote
+    return diagnoser
 
 
 _SNAPSHOT_MAGIC = b"LDXSESS1"
@@ -231,6 +242,12 @@ class Session:
         kept = self.compressor.add(self.normalizer.normalize(raw, source))
         return self._detect(kept) if kept else []
 
+    def feed_record(self, raw: bytes | str, source: Source | None = None) -> tuple[Record, list[Event]]:
+        """One line in, with the record the normaliser made of it (`logdx rules explain`)."""
+        rec = self.normalizer.normalize(raw, source)
+        kept = self.compressor.add(rec)
+        return rec, (self._detect(kept) if kept else [])
+
     def _feed_timed(self, raw: bytes | str, source: Source | None) -> list[Event]:
         # Clocks cost as much as a repeated line: one line in 64 is timed, and stands for the 64.
         t0 = time.perf_counter()
@@ -272,7 +289,7 @@ class Session:
                 mark = timeline.mark(ev.anchor.source_key)
                 mark.source_quiet, mark.job_quiet = self.compressor.output_mark(ev.anchor.source_key)
                 ev.attrs["progress_at"] = mark
-            if ev.kind in ("stack_dump", "fr_report"):
+            if ev.kind in (EventKind.STACK_DUMP, EventKind.FR_REPORT):
                 continue  # read as a whole by the diagnosis (diagnose/hangs.py)
             hits = self.engine.rules.match(ev)
             if hits and hits[0].role == Role.ROOT_CAUSE:
@@ -290,7 +307,7 @@ class Session:
         first = findings.summary().splitlines()[0] if findings.groups else "no collective recorded"
         text = f"{where}: {first}"
         rec = Record(line_no=0, raw=text, text=text)
-        self._note_events([Event(kind="fr_report", anchor=rec, lines=[rec], attrs={"findings": findings})])
+        self._note_events([Event(kind=EventKind.FR_REPORT, anchor=rec, lines=[rec], attrs={"findings": findings})])
 
     def take_new_root_causes(self) -> list[Event]:
         """Root-cause events that appeared since the last call (all of them the first time)."""
@@ -337,12 +354,12 @@ class Session:
     def is_diverged(self, event: Event) -> bool:
         """Whether a root-cause event says the loss went NaN/inf (however the pipeline tagged the
         line: a `loss_nan` event, or a line a `nan_loss` rule matched)."""
-        if event.kind == "loss_nan":
+        if event.kind == EventKind.LOSS_NAN:
             return True
-        if event.kind == "loss_spike":
+        if event.kind == EventKind.LOSS_SPIKE:
             return False  # a spike that stayed up is its own trigger (`--loss-trigger spike`), not NaN
         hits = self.engine.rules.match(event)
-        return bool(hits) and hits[0].label.failure_type == "nan_loss"
+        return bool(hits) and hits[0].label.failure_type == FT.NAN_LOSS
 
     def finish(self) -> None:
         if self.finished:

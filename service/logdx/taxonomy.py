@@ -16,11 +16,13 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from logdx import yamlsafe
-from logdx.model import Action, Category, Label
+from logdx.model import FT, Action, Category, Label
 
 TAXONOMY_PATH = Path(__file__).with_name("taxonomy.yaml")
 
 __all__ = [
+    "KNOWN_CATEGORIES",
+    "LABEL_ACTIONS",
     "FailureType",
     "Taxonomy",
     "TaxonomyError",
@@ -34,7 +36,14 @@ __all__ = [
     "module_of_path",
     "owner_of",
     "taxonomy",
+    "title_of",
 ]
+
+
+# What a recognised failure can be labelled: a known category (a past incident is never "unknown"),
+# an action a label can carry ("none" is a healthy report's, never a label's).
+KNOWN_CATEGORIES: tuple[Category, ...] = tuple(c for c in Category if c is not Category.UNKNOWN)
+LABEL_ACTIONS: tuple[Action, ...] = tuple(a for a in Action if a is not Action.NONE)
 
 
 class TaxonomyError(ValueError):
@@ -116,6 +125,9 @@ def load_taxonomy(path: Path = TAXONOMY_PATH) -> Taxonomy:
     for module, ft in spec.owners.items():
         if ft not in spec.failure_types:
             problems.append(f"{path}:{_line_of(text, ['owners', module])}: owner {module}: unknown failure type {ft}")
+    for ft in FT:  # the names code reasons about must be declared here (model.FT)
+        if ft.value not in spec.failure_types:
+            problems.append(f"{path}: failure_types: {ft.value} is missing (logdx.model.FT names it)")
     if spec.library_default not in spec.failure_types:
         problems.append(f"{path}: library_default: unknown failure type {spec.library_default}")
     missing = set(Category) - set(spec.categories)
@@ -174,6 +186,12 @@ def is_canonical(category: Category | str, failure_type: str) -> bool:
     return t is not None and t.category == cat and cat is not Category.UNKNOWN
 
 
+def title_of(failure_type: str) -> str:
+    """The few words for humans the taxonomy gives a failure type (the type itself when unknown)."""
+    t = taxonomy().types.get(failure_type)
+    return t.title if t is not None else failure_type.replace("_", " ")
+
+
 def is_hardware(failure_type: str | None) -> bool:
     t = taxonomy().types.get(failure_type or "")
     return bool(t and t.hardware)
@@ -211,7 +229,7 @@ def make_label(category: Category | str, failure_type: str, action: Action | str
     """A canonical Label; raises ValueError for a failure type outside its category or an action
     the label does not allow."""
     cat = Category(category)
-    if cat is Category.UNKNOWN and failure_type == "unknown":
+    if cat is Category.UNKNOWN and failure_type == FT.UNKNOWN:
         return Label(cat, failure_type, Action(action) if action is not None else default_action(cat, failure_type))
     if not is_canonical(cat, failure_type):
         raise ValueError(f"not a canonical label: {cat.value}/{failure_type}")

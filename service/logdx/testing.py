@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from logdx.act.report import CompressionFigures, Culprits, Report, RootCause
+from logdx.model import FT, Action, Category
 
 __all__ = ["Clock", "CpuSeconds", "Fleet", "Outcome", "TempNats", "TempPostgres", "cpu_seconds", "failed_report",
            "free_port", "shipper_logs", "wait_until"]
@@ -43,7 +44,7 @@ def failed_report(hosts: tuple[str, ...] = ("node-17",), line_no: int = 33, **ov
     """A sure infrastructure diagnosis (a GPU fell off the bus on `hosts[0]`, rank 3, the host printed
     it: corroborated) that asks for `cordon_and_restart`; `overrides` replace any field of the report."""
     fields: dict[str, Any] = dict(
-        status="failed", category="infrastructure", failure_type="gpu_fell_off_bus", action="cordon_and_restart",
+        status="failed", category=Category.INFRASTRUCTURE, failure_type=FT.GPU_FELL_OFF_BUS, action=Action.CORDON_AND_RESTART,
         confidence=0.97, culprits=Culprits(hosts=list(hosts), ranks=[3], corroborated=bool(hosts),
                                            basis="the root line's own host" if hosts else ""),
         root_cause=RootCause(line_no=line_no, text="NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",

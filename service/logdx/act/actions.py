@@ -42,6 +42,7 @@ from logdx.act.policy import (
 )
 from logdx.act.report import Report
 from logdx.config import ActionsSettings
+from logdx.model import Action
 from logdx.store import Store, migrate
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ class Actions:
         if why is None:
             for node in targets:
                 out.append(self._cordon(key, job_id, node, report, escalated))
-        elif report.action == "cordon_and_restart" or escalated:
+        elif report.action == Action.CORDON_AND_RESTART or escalated:
             # Worth saying why a diagnosis that asks for a cordon touched nothing.
             outcome = "refused" if why.startswith(NODE_UNKNOWN) else "skipped"
             out.append(self._audit(key, job_id, None, "cordon", self._actuator_name, outcome, why, report))
@@ -206,7 +207,7 @@ class Actions:
         """The blamed nodes' history (`NodeBook.record_diagnosis`); returns why repeated events on the
         blamed GPU escalate this one ('' when they do not)."""
         blamed = self.nodes.record_diagnosis(job_id, report, targets)
-        if blamed is None or report.action == "cordon_and_restart" or len(targets) != 1:
+        if blamed is None or report.action == Action.CORDON_AND_RESTART or len(targets) != 1:
             return ""
         gpu, text = blamed
         return self.nodes.escalation(targets[0], gpu, report.failure_type or "", text)

@@ -23,6 +23,7 @@ from typing import Any
 from logdx.act.actuators.base import NodeName, node_names
 from logdx.act.report import Report
 from logdx.config import ActionsSettings, EscalationRule
+from logdx.model import Category
 from logdx.store import Store, migrate
 
 __all__ = ["BreakerState", "Blame", "NodeBook", "NodeInfo", "xid_of"]
@@ -217,7 +218,7 @@ class NodeBook:
         text = report.root_cause.text if report.root_cause else ""
         if xid_of(text) is None:
             text = next((e.text for e in report.evidence if xid_of(e.text) is not None), text)
-        if (report.category != "infrastructure" and xid_of(text) is None) or not targets:
+        if (report.category != Category.INFRASTRUCTURE and xid_of(text) is None) or not targets:
             return None
         gpu = report.culprits.gpus[0] if report.culprits.gpus else ""
         for node in targets:

@@ -36,6 +36,7 @@ from typing import Literal, Protocol
 from logdx.act.actuators.base import NodeName, node_names
 from logdx.act.report import Report
 from logdx.config import ActionsSettings
+from logdx.model import Action, Category
 from logdx.taxonomy import is_resubmit
 
 __all__ = [
@@ -70,12 +71,12 @@ def cordon_refusal(report: Report, settings: ActionsSettings, escalated: str = "
     says why repeated events make a non-fatal one worth a cordon (see `NodeBook.escalation`)."""
     if report.status != "failed":
         return "healthy report"
-    if report.category != "infrastructure" and not escalated:
+    if report.category != Category.INFRASTRUCTURE and not escalated:
         # (an application-class Xid that keeps coming back on one GPU is the GPU's: escalated)
         return f"category {report.category}: only infrastructure failures act on nodes"
     if is_resubmit(report.failure_type):
         return f"{report.failure_type}: the scheduler ended the job; resubmit from the last checkpoint, never cordon"
-    if report.action != "cordon_and_restart" and not escalated:
+    if report.action != Action.CORDON_AND_RESTART and not escalated:
         return f"recommended action is {report.action}, not cordon_and_restart"
     if not report.culprits.hosts:
         why = report.notes[-1] if report.notes else "no line names the node"
@@ -190,14 +191,14 @@ def _rule_matched_root(report: Report) -> bool:
 def restart_refusal(report: Report, settings: ActionsSettings, cordons: Sequence[_CordonOutcome],
                     verdict: RestartVerdict | None = None) -> str | None:
     """Why the restart hook must not run after these cordons; None when it may."""
-    if report.category != "infrastructure" or report.action not in ("restart", "cordon_and_restart"):
+    if report.category != Category.INFRASTRUCTURE or report.action not in (Action.RESTART, Action.CORDON_AND_RESTART):
         return f"{report.category} / {report.action}: restarts only follow infrastructure causes"
     unsure = restart_confidence_refusal(report, settings)
     if unsure is not None:
         return unsure
     if verdict is not None and verdict.stop:
         return verdict.reason
-    if report.action == "cordon_and_restart" and not is_resubmit(report.failure_type):
+    if report.action == Action.CORDON_AND_RESTART and not is_resubmit(report.failure_type):
         bad = [c for c in cordons if c.action == "cordon" and c.outcome in ("refused", "failed", "skipped")
                and not is_already_cordoned(c)]
         if bad:

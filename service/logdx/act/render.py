@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from logdx.act.report import Report
+from logdx.model import FT, Action, Category
 from logdx.taxonomy import is_resubmit
 
 _RESET = "\x1b[0m"
@@ -15,17 +16,17 @@ _STYLES = {
     "cyan": "\x1b[36m",
 }
 _ACTION_WORDS = {
-    "cordon_and_restart": ("CORDON the node, then RESTART", "red"),
-    "restart": ("RESTART the job", "yellow"),
-    "no_restart": ("DO NOT RESTART: the owner must fix it", "yellow"),
-    "none": ("nothing to do", "green"),
+    Action.CORDON_AND_RESTART: ("CORDON the node, then RESTART", "red"),
+    Action.RESTART: ("RESTART the job", "yellow"),
+    Action.NO_RESTART: ("DO NOT RESTART: the owner must fix it", "yellow"),
+    Action.NONE: ("nothing to do", "green"),
 }
 _RESUBMIT = ("RESUBMIT from the last checkpoint (the scheduler ended the job; no node to blame)", "yellow")
 _SENTENCES = {
-    "cordon_and_restart": "Cordon the node, then restart",
-    "restart": "Restart the job",
-    "no_restart": "Do not restart: the owner must fix it",
-    "none": "Nothing to do",
+    Action.CORDON_AND_RESTART: "Cordon the node, then restart",
+    Action.RESTART: "Restart the job",
+    Action.NO_RESTART: "Do not restart: the owner must fix it",
+    Action.NONE: "Nothing to do",
 }
 _RESUBMIT_SENTENCE = "Resubmit from the last checkpoint (the scheduler ended the job; no node to blame)"
 _MAX_TEXT = 240
@@ -57,7 +58,7 @@ def render_text(report: Report, color: bool = False) -> str:
     elif report.status == "healthy":
         lines.append(paint("HEALTHY", "bold", "green") + f"  no failure found (confidence {report.confidence:.2f})")
     else:
-        head = f"{report.category or 'unknown'} / {report.failure_type or 'unknown'}"
+        head = f"{report.category or Category.UNKNOWN} / {report.failure_type or FT.UNKNOWN}"
         lines.append(paint("FAILED", "bold", "red") + "  " + paint(head, "bold") + f"  (confidence {report.confidence:.2f})")
         words, tone = action_words(report)
         lines.append(f"{'action':>10}  " + paint(words, "bold", tone))

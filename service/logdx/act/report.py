@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from logdx.model import CompressionSummary, Diagnosis, Divergence, ProgressSummary
+from logdx.model import Action, Category, CompressionSummary, Diagnosis, Divergence, ProgressSummary
 
 _MAX_SOURCES = 1024
 _MAX_RECOVERED = 50
@@ -111,9 +111,9 @@ class Report(BaseModel):
     id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
     # "empty": the input held no log text at all (nothing to call healthy or failed).
     status: Literal["failed", "healthy", "empty"]
-    category: Literal["infrastructure", "framework", "script", "unknown"] | None
+    category: Category | None
     failure_type: str | None
-    action: Literal["cordon_and_restart", "restart", "no_restart", "none"]
+    action: Action
     confidence: float = Field(ge=0, le=1)
     culprits: Culprits
     root_cause: RootCause | None
@@ -133,9 +133,9 @@ def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: 
     root = d.root
     return Report(
         status=d.status if d.status == "empty" else "healthy" if healthy else "failed",
-        category=None if healthy else d.label.category.value,  # type: ignore[union-attr]
+        category=None if healthy else d.label.category,  # type: ignore[union-attr]
         failure_type=None if healthy else d.label.failure_type,  # type: ignore[union-attr]
-        action="none" if healthy else d.label.action.value,  # type: ignore[union-attr]
+        action=Action.NONE if healthy else d.label.action,  # type: ignore[union-attr]
         confidence=round(min(1.0, max(0.0, d.confidence)), 3),
         culprits=Culprits(hosts=d.attribution.hosts, ranks=d.attribution.ranks, gpus=d.attribution.gpus,
                           basis=d.attribution.basis, corroborated=d.attribution.corroborated),

@@ -165,7 +165,7 @@ def feedback(report_id: str, body: schemas.FeedbackRequest, services: ServicesDe
          dependencies=[Depends(permit(READ, "read incidents"))])
 def list_incidents(
     services: ServicesDep,
-    category: Annotated[Literal["infrastructure", "framework", "script"] | None, Query()] = None,
+    category: Annotated[schemas.KnownCategory | None, Query()] = None,
     failure_type: Annotated[str | None, Query(max_length=64)] = None,
     source: Annotated[Literal["seed", "feedback", "import"] | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,

@@ -3,11 +3,34 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from enum import StrEnum
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from logdx.act.report import Report
+from logdx.model import Action, Category
+from logdx.taxonomy import KNOWN_CATEGORIES, LABEL_ACTIONS
+
+
+def _only(values: tuple[StrEnum, ...]) -> Any:
+    """A check that restricts a vocabulary enum to some of its members."""
+    allowed = frozenset(values)
+
+    def check(v: StrEnum) -> StrEnum:
+        if v not in allowed:
+            raise ValueError(f"must be one of {', '.join(values)}")
+        return v
+
+    return check
+
+
+def _schema(values: tuple[StrEnum, ...]) -> WithJsonSchema:
+    return WithJsonSchema({"type": "string", "enum": list(values)})
+
+
+KnownCategory = Annotated[Category, AfterValidator(_only(KNOWN_CATEGORIES)), _schema(KNOWN_CATEGORIES)]
+LabelAction = Annotated[Action, AfterValidator(_only(LABEL_ACTIONS)), _schema(LABEL_ACTIONS)]
 
 
 class _In(BaseModel):
@@ -182,9 +205,9 @@ class TemplateList(BaseModel):
 
 
 class FeedbackRequest(_In):
-    category: Literal["infrastructure", "framework", "script"]
+    category: KnownCategory
     failure_type: str = Field(min_length=1, max_length=64)
-    action: Literal["cordon_and_restart", "restart", "no_restart"] | None = None
+    action: LabelAction | None = None
     note: str | None = Field(None, max_length=4000)
 
 

@@ -20,12 +20,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import AfterValidator, WithJsonSchema
 from starlette.requests import ClientDisconnect
 
+from logdx import formats
 from logdx.act.report import Report
 from logdx.api import schemas
 from logdx.api.auth import INGEST
@@ -36,6 +38,7 @@ from logdx.api.jobs import IngestRequest, Job
 from logdx.api.services import Services
 from logdx.formats import Batch, Format
 from logdx.formats.loki import LOKI_PROTOBUF
+from logdx.formats.otlp import OTLP_JSON, OTLP_PROTOBUF
 from logdx.formats.otlp import response as otlp_response
 from logdx.hosts import clean_hostname
 from logdx.normalize import Source
@@ -48,7 +51,17 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 _DRAIN_BYTES = 4 << 20  # after a mid-stream error, read this much more so the client sees the answer
 _DRAIN_SECONDS = 2.0
 _WATCH_S = 0.1  # how often a request whose body is read checks that its client is still there
-FormatName = Literal["auto", "text", "json", "ndjson", "msgpack", "otlp", "otlp-json", "loki", "loki-json"]
+
+
+def _known_format(name: str) -> str:
+    if name not in formats.accepted_names():
+        raise ValueError(f"unknown format: one of {', '.join(formats.accepted_names())}")
+    return name
+
+
+# A format of the registry (logdx.formats), checked and documented from it.
+FormatName = Annotated[str, AfterValidator(_known_format),
+                       WithJsonSchema({"type": "string", "enum": formats.accepted_names()})]
 
 uploads = APIRouter(dependencies=[Depends(permit(INGEST, "upload logs"))], responses=_ERRORS)
 
@@ -481,10 +494,10 @@ async def post_otlp_logs(
     out = await Receiver(request, services, upload, _idempotency_key(request)).receive()
     await _settle(request, services, upload, out)
     name = upload.format_name
-    if name in ("otlp", "otlp-json"):
+    if name in (OTLP_PROTOBUF.name, OTLP_JSON.name):
         refused = sum(upload.refused.values())
         message = _refusal_text(upload.refused) if refused else ""
-        body, media = otlp_response(name == "otlp", refused, message)
+        body, media = otlp_response(name == OTLP_PROTOBUF.name, refused, message)
         return Response(body, media_type=media)
     return _routed_answer(upload, out)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from logdx import formats
 from logdx.faces import (
     EXIT_OK,
     UsageError,
@@ -56,7 +57,7 @@ def add_diagnose_args(p: argparse.ArgumentParser) -> None:
                         "one job: each file's host or rank from its name (node-01.log, host=node-01.log, "
                         "rank-3.log; input.name_patterns), the lines merged in time order")
     p.add_argument("--format", default="auto", metavar="FORMAT",
-                   help="text, ndjson, msgpack, otlp, otlp-json, loki, loki-json, or auto (the default: "
+                   help=f"{', '.join(formats.names()[:-1])}, or auto (the default: "
                         "recognised by the first bytes where that is unambiguous, else text)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--html", default=None, metavar="FILE",

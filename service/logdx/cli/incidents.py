@@ -9,9 +9,9 @@ import sys
 
 from logdx.faces import EXIT_FAILED, EXIT_OK, UsageError, add_config_arg, open_incidents, settings_from
 from logdx.incidents import IncidentError, IncidentStore
-from logdx.model import Category
+from logdx.taxonomy import KNOWN_CATEGORIES, LABEL_ACTIONS
 
-_CATEGORIES = [c.value for c in Category if c != Category.UNKNOWN]
+_CATEGORIES = [c.value for c in KNOWN_CATEGORIES]
 
 
 def add_incident_parsers(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:  # type: ignore[type-arg]
@@ -50,7 +50,7 @@ def add_incident_parsers(sub: argparse._SubParsersAction, parser_class: type[arg
     fb.add_argument("report_id")
     fb.add_argument("--category", required=True, choices=_CATEGORIES)
     fb.add_argument("--failure-type", required=True)
-    fb.add_argument("--action", choices=["cordon_and_restart", "restart", "no_restart"])
+    fb.add_argument("--action", choices=[a.value for a in LABEL_ACTIONS])
     fb.add_argument("--note")
     add_config_arg(fb)
     fb.set_defaults(func=cmd_feedback)

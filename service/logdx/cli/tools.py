@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import zlib
 from pathlib import Path
 
 from logdx.faces import EXIT_FAILED, EXIT_OK, UsageError, add_config_arg, settings_from
@@ -13,9 +14,25 @@ def add_tool_parsers(sub: argparse._SubParsersAction, parser_class: type[argpars
     rules = sub.add_parser("rules", help="work with rule packs")
     rules_sub = rules.add_subparsers(dest="rules_command", parser_class=parser_class, metavar="SUBCOMMAND",
                                      required=True)
-    rt = rules_sub.add_parser("test", help="load all packs and check every rule against its examples")
+    rt = rules_sub.add_parser("test", help="load all packs, check every rule against its examples and run the "
+                                           "packs' raw-input tests (tests: in a pack)")
     rt.add_argument("dirs", nargs="*", type=Path, help="extra rule pack folders")
     rt.set_defaults(func=cmd_rules_test)
+    rx = rules_sub.add_parser("explain", help="what logdx makes of raw lines: the record, events, rules, and why "
+                                              "a rule did not match", description="Explain raw log lines: what the "
+                              "normaliser made of each (rank, host, stream, timestamp, text), which events, rules and "
+                              "catalog entries fired on it, why rules that nearly matched (or --rule) did not; the "
+                              "job-level verdict last.")
+    rx.add_argument("lines", nargs="*", metavar="LINE", help="raw lines (launcher prefixes and all)")
+    rx.add_argument("--file", "-f", metavar="PATH", help="a raw log (- for stdin; .gz is read transparently)")
+    rx.add_argument("--rule", action="append", default=[], metavar="ID", help="explain this rule on every line "
+                    "it does not hit (repeatable)")
+    rx.add_argument("--all", action="store_true", help="every line, also those nothing happened on (the default "
+                    "for up to 200 lines)")
+    rx.add_argument("--rules", action="append", type=Path, default=[], metavar="DIR",
+                    help="extra rule pack folder (repeatable)")
+    add_config_arg(rx)
+    rx.set_defaults(func=cmd_rules_explain)
 
     md = sub.add_parser("model", help="the embedded LLM")
     md_sub = md.add_subparsers(dest="model_command", parser_class=parser_class, metavar="SUBCOMMAND", required=True)
@@ -47,12 +64,58 @@ def cmd_rules_test(args: argparse.Namespace) -> int:
         ruleset = load_rules(dirs, verify=False)
     except RuleError as e:
         raise UsageError(str(e)) from None
+    from logdx.config import Settings
+    from logdx.explain import run_pack_tests
+
     problems = check_examples(ruleset)
+    problems += run_pack_tests(Settings(), ruleset)
     for p in problems:
         print(p)
     verdict = "ok" if not problems else f"{len(problems)} problem(s)"
-    print(f"{len(ruleset.rules)} rules in {len(dirs)} folder(s): {verdict}")
+    print(f"{len(ruleset.rules)} rules in {len(dirs)} folder(s), {len(ruleset.tests)} raw-input tests: {verdict}")
     return EXIT_OK if not problems else EXIT_FAILED
+
+
+_EVERY_LINE_UP_TO = 200  # a longer input shows only the lines something happened on (unless --all)
+
+
+def cmd_rules_explain(args: argparse.Namespace) -> int:
+    from logdx.diagnose.rules import RuleError, default_rules_dir, load_rules
+    from logdx.explain import explain_lines, render_explanation
+    from logdx.normalize import InputError, iter_lines, open_input
+    from logdx.pipeline import Engine
+
+    if bool(args.lines) == bool(args.file):
+        raise UsageError("rules explain: give raw lines as arguments, or --file PATH (- for stdin), not both")
+    settings = settings_from(args)
+    for d in args.rules:
+        if not d.is_dir():
+            raise UsageError(f"--rules {d}: not a directory")
+    try:
+        rules = load_rules([default_rules_dir(), *settings.rules.dirs, *args.rules])
+    except RuleError as e:
+        raise UsageError(str(e)) from None
+    unknown = [r for r in args.rule if r not in rules.by_id]
+    if unknown:
+        raise UsageError(f"--rule {unknown[0]}: no such rule (logdx rules test lists the packs)")
+    engine = Engine.for_rules(settings, rules)
+    limit = None if args.all else _EVERY_LINE_UP_TO
+    if args.file:
+        try:
+            with open_input(args.file) as f:
+                ex = explain_lines(engine, iter_lines(f, settings.input.max_line_bytes), args.rule,
+                                   settings.catalog.enabled, limit)
+        except InputError as e:
+            raise UsageError(f"rules explain: {e}") from None
+        except (EOFError, OSError, zlib.error) as e:  # a truncated or corrupt .gz
+            raise UsageError(f"rules explain: {args.file}: cannot read ({e})") from None
+    else:
+        ex = explain_lines(engine, [line for arg in args.lines for line in arg.split("\n")], args.rule,
+                           settings.catalog.enabled, limit)
+    if not ex.lines and ex.report.status == "empty":
+        raise UsageError("rules explain: no lines to explain")
+    print(render_explanation(ex))
+    return EXIT_OK
 
 
 def cmd_model_convert(args: argparse.Namespace) -> int:

@@ -21,11 +21,13 @@ from logdx.diagnose.life import first_stopped
 from logdx.diagnose.rootcause import Finding, RulesOutcome, find_root_cause, likeliest_unexplained
 from logdx.diagnose.rules import RuleSet
 from logdx.model import (
+    FT,
     Action,
     Category,
     CompressionSummary,
     Diagnosis,
     Event,
+    EventKind,
     FailureContext,
     Label,
     Recovered,
@@ -221,7 +223,7 @@ def _hint_from_neighbours(result: FusionResult) -> str:
 
 
 def _has_failure_signal(outcome: RulesOutcome, exit_code: int | None) -> bool:
-    return bool(exit_code) or any(e.kind == "traceback" and e.exception_type for e in outcome.unexplained_events)
+    return bool(exit_code) or any(e.kind == EventKind.TRACEBACK and e.exception_type for e in outcome.unexplained_events)
 
 
 def _healthy_confidence(summary: CompressionSummary) -> float:
@@ -233,7 +235,7 @@ def _healthy_confidence(summary: CompressionSummary) -> float:
 def _from_rules(outcome: RulesOutcome, exit_code: int | None) -> Diagnosis:
     winner = outcome.winner
     if winner is None:
-        label = Label(Category.UNKNOWN, "unknown", Action.NO_RESTART)
+        label = Label(Category.UNKNOWN, FT.UNKNOWN, Action.NO_RESTART)
         root = likeliest_unexplained(outcome.unexplained_events)
         explanation = (
             f"The job failed (exit code {exit_code}) but no known failure signature was found."

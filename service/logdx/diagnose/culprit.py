@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from logdx.diagnose.life import first_stopped
 from logdx.hosts import clean_hostname
-from logdx.model import Attribution, CompressionSummary, Event, Role
+from logdx.model import FT, Attribution, CompressionSummary, Event, EventKind, Role
 from logdx.patterns import pci_key
 
 if TYPE_CHECKING:
@@ -31,8 +31,8 @@ __all__ = ["HANG_BASES", "attribute", "blames_one_node"]
 
 # A job this small with no host name anywhere is one machine's log: the machine is blamed, unnamed.
 _SINGLE_NODE_MAX_RANKS = 8
-_WHOLE_NODE_FAILURES = frozenset({"node_failure"})  # every rank on the host went down with it
-_LAUNCHER_KINDS = frozenset({"signal_exit", "child_failed"})
+_WHOLE_NODE_FAILURES = frozenset({FT.NODE_FAILURE})  # every rank on the host went down with it
+_LAUNCHER_KINDS = frozenset({EventKind.SIGNAL_EXIT, EventKind.CHILD_FAILED})
 _REFUSED_NAME = "refused"  # the root line names its host in a form that is no single host name
 
 

@@ -23,14 +23,14 @@ from dataclasses import dataclass
 
 from logdx.diagnose.rules import RuleHit
 from logdx.flightrec import FrFindings
-from logdx.model import Category, Event, Frame, Label, Record, Role
+from logdx.model import FT, Event, EventKind, Frame, Label, Record, Role, Severity
 from logdx.stacks import frame_owner
-from logdx.taxonomy import default_action, module_of_path
+from logdx.taxonomy import category_of, make_label, module_of_path
 
 __all__ = ["HANG_TYPES", "Minority", "fr_hit", "hang_label", "in_collective", "minority_hit", "silent_rank_label",
            "stack_minority"]
 
-HANG_TYPES = frozenset({"hang", "framework_hang", "script_hang"})
+HANG_TYPES = frozenset({FT.HANG, FT.FRAMEWORK_HANG, FT.SCRIPT_HANG})
 # Functions a process waits in when it is inside a collective (or waiting for the GPU to finish one).
 _COLLECTIVES = frozenset({
     "all_reduce", "allreduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "_all_gather_base",
@@ -71,7 +71,7 @@ def stack_minority(events: Sequence[Event]) -> Minority | None:
     """When most processes wait in a collective and a few do not: those few. With one or two dumps and
     none of them in a collective, the processes the log shows are the stuck ones (someone dumped the
     hung process); with dumps all in a collective, the job hangs in it for a process nobody dumped."""
-    dumps = _latest_per_process([e for e in events if e.kind == "stack_dump" and e.frames])
+    dumps = _latest_per_process([e for e in events if e.kind == EventKind.STACK_DUMP and e.frames])
     if not dumps:
         return None
     ops = [in_collective(e.frames) for e in dumps]
@@ -121,10 +121,16 @@ def _owner_of_wait(ev: Event) -> tuple[str, Frame | None, Record]:
 
 def hang_label(owner: str) -> Label:
     """`script_hang` in the user's code, `framework_hang` in a library, else `hang` (the machine)."""
-    failure_type = {"user": "script_hang", "library": "framework_hang"}.get(owner, "hang")
-    category = {"script_hang": Category.SCRIPT, "framework_hang": Category.FRAMEWORK}.get(failure_type,
-                                                                                           Category.INFRASTRUCTURE)
-    return Label(category, failure_type, default_action(category, failure_type))
+    failure_type = {"user": FT.SCRIPT_HANG, "library": FT.FRAMEWORK_HANG}.get(owner, FT.HANG)
+    return _label_of(failure_type)
+
+
+def _label_of(failure_type: FT) -> Label:
+    """The taxonomy's label for a failure type code decided on (its category, its default action)."""
+    category = category_of(failure_type)
+    if category is None:  # the taxonomy checks FT against itself at load: cannot happen
+        raise ValueError(f"failure type {failure_type} is not in the taxonomy")
+    return make_label(category, failure_type)
 
 
 def minority_hit(m: Minority) -> RuleHit:
@@ -142,18 +148,18 @@ def minority_hit(m: Minority) -> RuleHit:
         title = f"The job hangs in a collective: the dumped process waits in {where} for a rank no dump shows"
     op = m.majority_op or "the collective"
     hints = {
-        "script_hang": "The process is stuck in your code (see the root frame) while the others wait for it in "
+        FT.SCRIPT_HANG: "The process is stuck in your code (see the root frame) while the others wait for it in "
                        f"{op}: fix the code path (a loop, a lock, I/O without a timeout) before restarting.",
-        "framework_hang": "The process waits inside a library (see the root frame: a DataLoader queue, storage I/O, a "
+        FT.FRAMEWORK_HANG: "The process waits inside a library (see the root frame: a DataLoader queue, storage I/O, a "
                           f"lock) while the others wait for it in {op}: check its data loading and storage; "
                           "a restart alone will likely hang again.",
-        "hang": "The job hangs with no Python code of its own to blame (native code, the GPU, the network, or a "
+        FT.HANG: "The job hangs with no Python code of its own to blame (native code, the GPU, the network, or a "
                 "rank no dump shows): dump every rank's stack (py-spy dump) to find the one outside the "
                 "collective; restart without its node if the log names it.",
     }
     return RuleHit(
         rule_id="hang-outside-collective", pack="hangs", title=title, role=Role.ROOT_CAUSE, label=label,
-        severity="high", confidence=m.confidence, line=m.line, groups={}, hint=hints[label.failure_type],
+        severity=Severity.HIGH, confidence=m.confidence, line=m.line, groups={}, hint=hints[label.failure_type],
         event=m.events[0],
     )
 
@@ -180,11 +186,11 @@ def fr_hit(ev: Event) -> tuple[RuleHit, set[int]] | None:
     summary = findings.summary().splitlines()
     title = f"Flight recorder: {summary[0]}" if summary else "Flight recorder: a collective no rank finished"
     hint = ("The flight recorder names the rank(s) that left the collective everyone else waits in: restart without "
-            "their node if it is named (check its GPU and kernel log)" if label.failure_type == "hang" else
+            "their node if it is named (check its GPU and kernel log)" if label.failure_type == FT.HANG else
             "The ranks ran different collectives (a desync): the code path that differs between ranks is a bug "
             "(see the collective's stack); fix it before restarting")
     hit = RuleHit(rule_id="hang-flight-recorder", pack="hangs", title=title, role=Role.ROOT_CAUSE, label=label,
-                  severity="high", confidence=0.85, line=line, groups={}, hint=hint + ".", event=ev)
+                  severity=Severity.HIGH, confidence=0.85, line=line, groups={}, hint=hint + ".", event=ev)
     return hit, set(ranks)
 
 
@@ -207,4 +213,4 @@ def _line_naming(ev: Event, frame: Frame | None) -> Record | None:
 
 def silent_rank_label() -> Label:
     """A hang whose culprit is the rank that went quiet: the machine's, until more is known."""
-    return Label(Category.INFRASTRUCTURE, "hang", default_action(Category.INFRASTRUCTURE, "hang"))
+    return _label_of(FT.HANG)

@@ -17,7 +17,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from logdx.model import CompressionSummary, Event, ProgressMark, ProgressSummary, SourceProgress, StoppedFirst
+from logdx.model import (
+    CompressionSummary,
+    Event,
+    EventKind,
+    ProgressMark,
+    ProgressSummary,
+    SourceProgress,
+    StoppedFirst,
+)
 
 __all__ = ["Stop", "first_stopped", "is_warning", "ran_to_completion", "stop_of", "went_on_after"]
 
@@ -52,8 +60,10 @@ def _source(progress: ProgressSummary, key: str) -> SourceProgress | None:
 # Events that end what printed them, by their nature: an exception that reached the top, a process
 # killed, a launcher's report of it, a GPU the kernel gave up on. The others (a line that says
 # something went wrong: a retry, an async event, a logged error) may be what the process went on after.
-_TERMINAL_KINDS = frozenset({"traceback", "signal_exit", "child_failed", "xid", "loss_nan", "loss_spike", "stall",
-                             "stack_dump", "fr_report"})
+_TERMINAL_KINDS = frozenset({
+    EventKind.TRACEBACK, EventKind.SIGNAL_EXIT, EventKind.CHILD_FAILED, EventKind.XID, EventKind.LOSS_NAN,
+    EventKind.LOSS_SPIKE, EventKind.STALL, EventKind.STACK_DUMP, EventKind.FR_REPORT,
+})
 # How much a process must go on printing (lines without an error word) after such a line, in a job that
 # makes no progress to judge by, for the line to be one it went on after: its own lines when the log
 # tells the processes apart, the job's when it does not (every process shares one stream).

@@ -22,10 +22,12 @@ from logdx.diagnose.life import MIN_ADVANCES, is_warning, went_on_after
 from logdx.diagnose.origin import locate
 from logdx.diagnose.rules import RuleHit, RuleSet, render_hint
 from logdx.model import (
+    FT,
     Attribution,
     Category,
     CompressionSummary,
     Event,
+    EventKind,
     Evidence,
     FailureContext,
     Label,
@@ -40,10 +42,9 @@ _SEQNUM = re.compile(r"SeqNum=(\d+)")
 # How close after a lesser fault a graver one must come to be taken as its cause.
 _EXPLAIN_WINDOW_S = 900.0
 _EXPLAIN_WINDOW_LINES = 5_000
-_SEVERITY = {"critical": 0, "high": 1, "medium": 2, "low": 3}
 # How a job ends from outside (the OOM killer, the scheduler): when it comes before the watchdog
 # timeouts, those are its echo.
-_ENDS_BEFORE_ECHOES = frozenset({"host_oom", "time_limit"})
+_ENDS_BEFORE_ECHOES = frozenset({FT.HOST_OOM, FT.TIME_LIMIT})
 
 
 @dataclass(slots=True)
@@ -98,7 +99,7 @@ def find_root_cause(
             findings.append(winner)
     att = attribute(winner, role, findings, summary)
     if role is Role.SYMPTOM and winner is not None and att.ranks and att.basis in HANG_BASES \
-            and winner.hit.label.failure_type in ("nccl_timeout", "hang"):
+            and winner.hit.label.failure_type in (FT.NCCL_TIMEOUT, FT.HANG):
         # The collective timed out waiting for a rank the log shows stopping: a hang, with its culprit.
         winner = replace(winner, hit=replace(winner.hit, label=silent_rank_label()))
     vote = _vote(winner, findings)
@@ -152,12 +153,12 @@ def _match_all(events: Sequence[Event], rules: RuleSet, summary: CompressionSumm
 
 
 # Events the diagnosis reads as a whole, not line by line: stack dumps, flight-recorder reports.
-_READ_AS_A_WHOLE = frozenset({"stack_dump", "fr_report"})
+_READ_AS_A_WHOLE = frozenset({EventKind.STACK_DUMP, EventKind.FR_REPORT})
 
 
 def _hang_from_dumps(dumps: list[Event]) -> Finding | None:
     for ev in dumps:
-        if ev.kind == "fr_report" and (found := fr_hit(ev)) is not None:
+        if ev.kind == EventKind.FR_REPORT and (found := fr_hit(ev)) is not None:
             hit, ranks = found
             return Finding(event=ev, hit=hit, ranks=ranks)
     minority = stack_minority(dumps)
@@ -169,11 +170,11 @@ def _hang_from_dumps(dumps: list[Event]) -> Finding | None:
 def _survived(event: Event, summary: CompressionSummary, at_least: int) -> bool:
     """The job went on after it. A loss gone NaN is survived only when the same process logs a finite
     loss again; a divergence the timeline confirmed, a stall, never (training goes on, ruined)."""
-    if event.kind == "loss_nan":
+    if event.kind == EventKind.LOSS_NAN:
         return summary.last_finite_loss_line.get(event.anchor.source_key, 0) > event.line_no
-    if event.kind == "loss_spike":  # unless the loss came back after all, later than the watch waited
+    if event.kind == EventKind.LOSS_SPIKE:  # unless the loss came back after all, later than the watch waited
         return summary.progress.divergence is None or summary.progress.divergence.line_no != event.line_no
-    if event.kind == "stall":
+    if event.kind == EventKind.STALL:
         return False
     return went_on_after(event, summary, at_least=at_least)
 
@@ -229,7 +230,7 @@ def _choose(findings: list[Finding], summary: CompressionSummary) -> tuple[Findi
     if symptoms:
         # The most telling symptom: a watchdog timeout says more than a stall, and a stall more than
         # the SIGTERM or "step cancelled" that ended the hung job (rule confidences rank them)...
-        best = max(symptoms, key=lambda f: (f.hit.confidence, f.event.kind != "stall"))
+        best = max(symptoms, key=lambda f: (f.hit.confidence, f.event.kind != EventKind.STALL))
         first = _earliest([f for f in symptoms if f.hit.rule_id == best.hit.rule_id])
         # ...unless a process was killed, or the scheduler ended the job, before anyone timed out:
         # the others then waited for the dead one, and the kill is the cause of their timeouts.
@@ -259,13 +260,13 @@ def _graver_explanation(winner: Finding, roots: list[Finding], summary: Compress
     """
     if winner.hit.label.category != Category.INFRASTRUCTURE:
         return winner
-    rank = _SEVERITY.get(winner.hit.severity, 9)
+    rank = winner.hit.severity.rank
     graver = [
         f
         for f in roots
         if f is not winner
         and f.hit.label.category == Category.INFRASTRUCTURE
-        and _SEVERITY.get(f.hit.severity, 9) < rank
+        and f.hit.severity.rank < rank
         and (_soon_after(winner.event, f.event) or _same_host(winner, f, summary))
     ]
     return _earliest(graver) if graver else winner
@@ -277,10 +278,10 @@ def _application_fault(winner: Finding, roots: list[Finding], summary: Compressi
     machine's, and a restart replays it. Whichever of the two came first, the application's own
     error line is the root line (its traceback says where), with the Xid's label."""
     def app_xid(f: Finding) -> bool:
-        return f.event.kind == "xid" and f.hit.label.category != Category.INFRASTRUCTURE
+        return f.event.kind == EventKind.XID and f.hit.label.category != Category.INFRASTRUCTURE
 
     def cuda_fault(f: Finding) -> bool:
-        return f.hit.label.failure_type == "cuda_error"
+        return f.hit.label.failure_type == FT.CUDA_ERROR
 
     if not (app_xid(winner) or cuda_fault(winner)):
         return winner
@@ -389,7 +390,7 @@ def _vote(winner: Finding | None, findings: list[Finding]) -> StageVote:
 def _evidence(winner: Finding, findings: list[Finding], limit: int = 6) -> list[Evidence]:
     """The root line first; then other causes; then the loudest symptoms, each counted once."""
     out = [Evidence(line_no=winner.hit.line.line_no, text=winner.hit.line.raw, source=f"rule:{winner.hit.rule_id}")]
-    others = [f for f in findings if f is not winner and f.event.kind != "stall"]
+    others = [f for f in findings if f is not winner and f.event.kind != EventKind.STALL]
     others.sort(key=lambda f: (f.hit.role != Role.ROOT_CAUSE, -len(f.ranks), -f.similar, f.event.line_no))
     seen_rules = {winner.hit.rule_id}
     for f in others:
@@ -439,7 +440,7 @@ def _nearby_error_templates(templates: Sequence[TemplateStats], line_no: int | N
 def likeliest_unexplained(events: Sequence[Event]) -> Record | None:
     """With no rule to go by: the last exception raised, else the last error line before the end."""
     raised = [e for e in events if e.exception_type]
-    pool = raised or [e for e in events if e.kind not in ("stall", "loss_spike")] or list(events)
+    pool = raised or [e for e in events if e.kind not in (EventKind.STALL, EventKind.LOSS_SPIKE)] or list(events)
     return pool[-1].anchor if pool else None
 
 

@@ -30,14 +30,15 @@ from typing import Any
 
 from logdx.act.report import Report
 from logdx.evaluate.corpus import CaseResult, culprit_correct, is_healthy_label, root_line_correct, score_case
+from logdx.model import FT, Action
 from logdx.synth.bury import BuriedTruth, bury, read_real_lines
 from logdx.synth.healthy import RANK_CHOICES
 from logdx.synth.longjob import startup_lines
 from logdx.synth.styles import STYLES
 
 # Failures that happen before training starts: buried where they happen, not after hours of training.
-LAUNCH_TYPES = frozenset({"import_error", "syntax_error", "argument_error"})  # as the workers start
-STARTUP_TYPES = frozenset({"environment_error", "version_mismatch"})  # after the framework's banner
+LAUNCH_TYPES = frozenset({FT.IMPORT_ERROR, FT.SYNTAX_ERROR, FT.ARGUMENT_ERROR})  # as the workers start
+STARTUP_TYPES = frozenset({FT.ENVIRONMENT_ERROR, FT.VERSION_MISMATCH})  # after the framework's banner
 _BURY_STYLES = tuple(STYLES)
 
 
@@ -72,14 +73,14 @@ def buried_action(label: dict, truth: BuriedTruth) -> str:
     line, an excerpt's unprefixed traceback) into a job of several hosts, and that names no host
     itself, cannot be pinned on one machine: logdx restarts rather than cordon a node the log does not
     name (README "Safety model"), whatever the excerpt, one machine's own log, allowed."""
-    if label.get("action") != "cordon_and_restart" or len(set(truth.hosts)) <= 1:
+    if label.get("action") != Action.CORDON_AND_RESTART or len(set(truth.hosts)) <= 1:
         return label.get("action", "")
     named = label.get("culprit") or ""
     if any(h and h in named for h in [*truth.hosts, *re.findall(r"[A-Za-z][\w.-]*\d[\w.-]*", named)]):
         return label["action"]  # the excerpt names its host (its lines say so wherever they go)
     indices = truth.original_indices_for(label.get("root_line", ""))
     if indices and all(not truth.prefixes.get(i) for i in indices):
-        return "restart"
+        return Action.RESTART
     return label["action"]
 
 

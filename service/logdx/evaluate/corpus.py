@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from logdx.act.report import Report
+from logdx.model import Action
 from logdx.pipeline import Engine
 
 # Labels name "what the owner must do"; the report's action set folds both into no_restart.
-_ACTION_ALIASES = {"fix_script": "no_restart", "fix_config": "no_restart"}
+_ACTION_ALIASES = {"fix_script": Action.NO_RESTART.value, "fix_config": Action.NO_RESTART.value}
 FIELDS = ("status", "category", "action", "failure_type", "root_line", "culprit")
 # Whole-job sets score more: the culprit's rank and host apart (hangs), the step a divergence began.
 JOB_FIELDS = ("culprit_rank", "culprit_host", "step")

@@ -34,7 +34,7 @@ from logdx.formats.text import TEXT
 
 __all__ = [
     "DEFAULT_JOB_KEYS", "FORMATS", "SNIFF_BYTES", "Batch", "Format", "FormatError", "Meta", "Parser", "Run",
-    "by_name", "choose", "media_type", "names", "read_stream", "sniff_file",
+    "accepted_names", "by_name", "choose", "media_type", "names", "read_stream", "sniff_file",
 ]
 
 FORMATS: dict[str, Format] = {f.name: f for f in (TEXT, RECORDS, FLUENT_MSGPACK, OTLP_PROTOBUF, OTLP_JSON,
@@ -51,6 +51,11 @@ _BINARY_SNIFFS: tuple[tuple[Format, Callable[[bytes], bool]], ...] = (
 
 def names() -> list[str]:
     return [*FORMATS, "auto"]
+
+
+def accepted_names() -> list[str]:
+    """Every name `by_name` takes: the formats, `auto`, and their aliases (what the CLI and the API offer)."""
+    return [*names(), *_ALIASES]
 
 
 def media_type(content_type: str | None) -> str:

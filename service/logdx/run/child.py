@@ -18,6 +18,7 @@ from collections import deque
 from queue import Queue
 from typing import TYPE_CHECKING, Any
 
+from logdx.model import EventKind
 from logdx.normalize import Source
 from logdx.run import pauses
 from logdx.run.checkpoints import CheckpointTracker
@@ -215,14 +216,14 @@ class AttemptRunner:
                     w.source_last[key] = now
         if events:
             for ev in events:
-                if ev.kind in ("loss_nan", "loss_spike") and ev.kind not in w.loss_events:
+                if ev.kind in (EventKind.LOSS_NAN, EventKind.LOSS_SPIKE) and ev.kind not in w.loss_events:
                     with w.lock:
                         w.loss_events[ev.kind] = ev.anchor.raw
             new_causes = sess.take_new_root_causes()
             for ev in new_causes:
-                if "loss_nan" not in w.loss_events and sess.is_diverged(ev):
+                if EventKind.LOSS_NAN not in w.loss_events and sess.is_diverged(ev):
                     with w.lock:
-                        w.loss_events["loss_nan"] = ev.anchor.raw
+                        w.loss_events[EventKind.LOSS_NAN] = ev.anchor.raw
             if new_causes:
                 with w.lock:
                     w.root_cause_count += len(new_causes)
@@ -286,7 +287,7 @@ class AttemptRunner:
                 progressed = w.progress_count > w.progress_at_root_cause
                 last_progress = w.last_progress_at
             if loss is not None:
-                what = "NaN/inf loss" if loss[0] == "loss_nan" else "loss spike"
+                what = "NaN/inf loss" if loss[0] == EventKind.LOSS_NAN else "loss spike"
                 self.end(loss[0], f"{what} ({loss[1].strip()[:160]})")
                 continue
             if rc_at is not None and now - rc_at >= opts.root_cause_grace:

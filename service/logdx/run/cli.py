@@ -20,6 +20,7 @@ from logdx.faces import (
     build_engine,
     settings_from,
 )
+from logdx.model import Category
 from logdx.run.options import RunOptions
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backoff", type=float, default=10.0, metavar="S",
                    help="seconds before the first restart, doubled each time (default 10)")
     p.add_argument("--backoff-max", type=float, default=300.0, metavar="S", help="cap of the backoff (default 300)")
-    p.add_argument("--restart-on", default="infrastructure", metavar="CATS",
+    p.add_argument("--restart-on", default=Category.INFRASTRUCTURE.value, metavar="CATS",
                    help="categories that are restarted (default infrastructure; also framework, script, unknown)")
     p.add_argument("--root-cause-grace", type=float, default=30.0, metavar="S",
                    help="after a root cause, seconds the job may take to die by itself (default 30)")
@@ -102,9 +103,9 @@ def _options(args: argparse.Namespace) -> RunOptions:
     if args.pause_max is not None and args.pause_max < 0:
         raise UsageError("--pause-max must be >= 0")
     restart_on = set(_csv(args.restart_on))
-    bad = restart_on - {"infrastructure", "framework", "script", "unknown"}
+    bad = restart_on - set(Category)
     if bad:
-        raise UsageError(f"--restart-on: unknown category {sorted(bad)[0]!r} (infrastructure, framework, script, unknown)")
+        raise UsageError(f"--restart-on: unknown category {sorted(bad)[0]!r} ({', '.join(Category)})")
     loss = set(_csv(args.loss_trigger))
     if not loss <= {"nan", "spike", "none"}:
         raise UsageError("--loss-trigger: use nan, spike, both (nan,spike) or none")

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from logdx.model import Category
+
 if TYPE_CHECKING:
     from logdx.act.report import Report
 
@@ -19,7 +21,7 @@ class RunOptions:
     max_restarts: int = 3
     backoff: float = 10.0
     backoff_max: float = 300.0
-    restart_on: frozenset[str] = frozenset({"infrastructure"})
+    restart_on: frozenset[str] = frozenset({Category.INFRASTRUCTURE.value})
     root_cause_grace: float = 30.0
     stall_timeout: float | None = None  # None: derived from the step time; 0: off
     pause_max: float = 3600.0  # a checkpoint save or an evaluation pauses the stall timer this long at most

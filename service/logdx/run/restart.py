@@ -20,6 +20,7 @@ from logdx.act.policy import (
     restart_verdict,
 )
 from logdx.config import ActionsSettings
+from logdx.model import Category
 from logdx.run.checkpoints import Checkpoint
 from logdx.run.options import Attempt, RunOptions
 
@@ -54,13 +55,13 @@ def restart_decision(a: Attempt, opts: RunOptions, actions: ActionsSettings,
         return False, "the command could not be started"
     if r is None:
         return False, "no report"
-    category = r.category or "unknown"
+    category = Category(r.category or Category.UNKNOWN)
     if r.status == "healthy":
-        category = "unknown"
+        category = Category.UNKNOWN
     if category not in opts.restart_on:
-        hint = " (owner must fix it)" if category in ("script", "framework") else ""
+        hint = " (owner must fix it)" if category in (Category.SCRIPT, Category.FRAMEWORK) else ""
         return False, f"{category} failure{hint}; --restart-on {','.join(sorted(opts.restart_on))}"
-    unsure = restart_confidence_refusal(r, actions) if category == "infrastructure" else None
+    unsure = restart_confidence_refusal(r, actions) if category is Category.INFRASTRUCTURE else None
     if unsure is not None:
         # The LLM (or a weak fallback) alone never restarts a job: the service's threshold holds here too.
         return False, f"infrastructure failure, but {unsure}: handing it to its owner"

@@ -12,6 +12,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from logdx.model import FT, Category
 from logdx.run.checkpoints import CheckpointTracker
 from logdx.run.child import AttemptRunner, Watch
 from logdx.run.guard import Guardian
@@ -242,7 +243,7 @@ def _diag(r: Report | None) -> str:
         return "-"
     if r.status == "healthy":
         return "healthy"
-    return f"{r.category or 'unknown'}/{r.failure_type or 'unknown'}"
+    return f"{r.category or Category.UNKNOWN}/{r.failure_type or FT.UNKNOWN}"
 
 
 def _culprit(r: Report | None) -> str:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from random import Random
 from typing import TextIO
 
+from logdx.model import FT, Action, Category
 from logdx.synth.cascade import end_job
 from logdx.synth.hangs import step_lines
 from logdx.synth.job import Job
@@ -42,7 +43,7 @@ from logdx.synth.longjob import GeneratedCase, JobTruth, log_interval, start_job
 from logdx.synth.training import write_step
 
 KINDS = ("spike", "nan", "nan_iterations", "skipped", "grad_norm")
-LABEL = ("framework", "nan_loss", "no_restart")
+LABEL = (Category.FRAMEWORK, FT.NAN_LOSS, Action.NO_RESTART)
 # What a progress line shows when it shows the divergence, per kind.
 _SHOWS = {
     "spike": re.compile(r"loss", re.IGNORECASE),

@@ -53,6 +53,7 @@ import re
 from random import Random
 from typing import TextIO
 
+from logdx.model import FT, Action, Category
 from logdx.synth.cascade import Fate, end_job, time_out_survivors, watchdog_timeout
 from logdx.synth.flavours import USER_ROOT
 from logdx.synth.job import Frame, Job
@@ -60,12 +61,12 @@ from logdx.synth.longjob import GeneratedCase, JobTruth, host_named, start_job, 
 from logdx.synth.scenarios import stdlib
 
 WHERE = {  # where the culprit sits -> (category, failure type, action)
-    "dataloader": ("framework", "framework_hang", "no_restart"),
-    "io": ("framework", "framework_hang", "no_restart"),
-    "lock": ("framework", "framework_hang", "no_restart"),
-    "user": ("script", "script_hang", "no_restart"),
+    "dataloader": (Category.FRAMEWORK, FT.FRAMEWORK_HANG, Action.NO_RESTART),
+    "io": (Category.FRAMEWORK, FT.FRAMEWORK_HANG, Action.NO_RESTART),
+    "lock": (Category.FRAMEWORK, FT.FRAMEWORK_HANG, Action.NO_RESTART),
+    "user": (Category.SCRIPT, FT.SCRIPT_HANG, Action.NO_RESTART),
 }
-SILENT_LABEL = ("infrastructure", "hang", "restart")
+SILENT_LABEL = (Category.INFRASTRUCTURE, FT.HANG, Action.RESTART)
 _WATCHDOG = re.compile(r"Watchdog caught collective operation timeout")
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from random import Random
 from typing import TextIO
 
+from logdx.model import Action
 from logdx.synth.job import Job
 from logdx.synth.longjob import GeneratedCase, JobTruth, start_job, startup_lines, train_to
 from logdx.synth.noise import Spike
@@ -56,7 +57,7 @@ def healthy_job(out: TextIO, *, seed: int, flavour: str, style: str, ranks: int,
     job.sink.flush()
     return JobTruth(
         kind="spike" if realism.spike is not None else "healthy", status="healthy", category=None,
-        failure_type=None, action="none", exit_code=0 if ending == "exit0" else None, last_step=job.iteration,
+        failure_type=None, action=Action.NONE, exit_code=0 if ending == "exit0" else None, last_step=job.iteration,
         lines_written=job.sink.count, seed=seed, style=style, flavour=job.flavour.name, ranks=ranks,
         hosts=list(job.cluster.hosts), families=sorted(realism.families | ({"spike"} if realism.spike else set())),
         variant={"ending": ending, "spike_step": _spike_iteration(job, realism.spike)},

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from logdx.model import Action, Category
+from logdx.model import FT, Action, Category
 from logdx.synth.cascade import (
     Fate,
     cuda_error_exception,
@@ -599,33 +599,33 @@ REGISTRY: dict[str, Scenario] = {
     for s in (
         Scenario("healthy", "a run that completes normally (noise but no failure)", None, None, Action.NONE, healthy),
         Scenario("xid79", "Xid 79, one GPU fell off the bus; the other ranks hit NCCL watchdog timeouts", _I,
-                 "gpu_fell_off_bus", _CR, xid79),
-        Scenario("ecc", "uncorrectable ECC error (Xid 48 DBE and/or CUDA error) on one GPU; cascade", _I, "ecc_error", _CR, ecc),
-        Scenario("nvlink", "Xid 74 fatal NVLink error on one GPU; cascade", _I, "nvlink_error", _CR, nvlink),
-        Scenario("ib_error", "NET/IB completion error status=12 on one rank; cascade", _I, "network_error", _R, ib_error),
+                 FT.GPU_FELL_OFF_BUS, _CR, xid79),
+        Scenario("ecc", "uncorrectable ECC error (Xid 48 DBE and/or CUDA error) on one GPU; cascade", _I, FT.ECC_ERROR, _CR, ecc),
+        Scenario("nvlink", "Xid 74 fatal NVLink error on one GPU; cascade", _I, FT.NVLINK_ERROR, _CR, nvlink),
+        Scenario("ib_error", "NET/IB completion error status=12 on one rank; cascade", _I, FT.NETWORK_ERROR, _R, ib_error),
         Scenario("node_lost", "one host goes silent; c10d errors, Slurm NODE FAILURE (or pdsh ssh 255)", _I,
-                 "node_failure", _CR, node_lost, min_hosts=2),
+                 FT.NODE_FAILURE, _CR, node_lost, min_hosts=2),
         Scenario("nccl_hang", "symptoms only: all ranks but one time out on the same SeqNum: a hang whose silent "
-                 "rank, named by its own NCCL lines, is the culprit", _I, "hang", _CR, nccl_hang),
+                 "rank, named by its own NCCL lines, is the culprit", _I, FT.HANG, _CR, nccl_hang),
         Scenario("s3_timeout", "botocore ReadTimeoutError reading a shard or uploading a checkpoint", _I,
-                 "storage_error", _R, s3_timeout),
-        Scenario("disk_full", "OSError: [Errno 28] No space left on device while saving a checkpoint", _I,
-                 "disk_full", _R, disk_full),
-        Scenario("cuda_oom", "torch.OutOfMemoryError on one or several ranks", _F, "cuda_oom", _NR, cuda_oom),
-        Scenario("dataloader_killed", "DataLoader worker killed by signal: Killed", _F, "dataloader_killed", _NR,
+                 FT.STORAGE_ERROR, _R, s3_timeout),
+        Scenario(FT.DISK_FULL, "OSError: [Errno 28] No space left on device while saving a checkpoint", _I,
+                 FT.DISK_FULL, _R, disk_full),
+        Scenario(FT.CUDA_OOM, "torch.OutOfMemoryError on one or several ranks", _F, FT.CUDA_OOM, _NR, cuda_oom),
+        Scenario(FT.DATALOADER_KILLED, "DataLoader worker killed by signal: Killed", _F, FT.DATALOADER_KILLED, _NR,
                  dataloader_killed),
-        Scenario("host_oom", "kernel / Slurm OOM killer takes a rank during a checkpoint (exitcode -9)", _F,
-                 "host_oom", _NR, host_oom),
-        Scenario("nan_loss", "the loss becomes NaN, then the framework raises on every rank", _F, "nan_loss", _NR, nan_loss),
+        Scenario(FT.HOST_OOM, "kernel / Slurm OOM killer takes a rank during a checkpoint (exitcode -9)", _F,
+                 FT.HOST_OOM, _NR, host_oom),
+        Scenario(FT.NAN_LOSS, "the loss becomes NaN, then the framework raises on every rank", _F, FT.NAN_LOSS, _NR, nan_loss),
         Scenario("lib_attr_error", "AttributeError raised inside a library (innermost frame in site-/dist-packages)",
-                 _F, "framework_error", _NR, lib_attr_error),
-        Scenario("import_error", "ImportError / ModuleNotFoundError in the user's code at start-up, all ranks", _S,
-                 "import_error", _NR, import_error, at_startup=True),
-        Scenario("syntax_error", "SyntaxError in the user's code at start-up, all ranks", _S, "syntax_error", _NR,
+                 _F, FT.FRAMEWORK_ERROR, _NR, lib_attr_error),
+        Scenario(FT.IMPORT_ERROR, "ImportError / ModuleNotFoundError in the user's code at start-up, all ranks", _S,
+                 FT.IMPORT_ERROR, _NR, import_error, at_startup=True),
+        Scenario(FT.SYNTAX_ERROR, "SyntaxError in the user's code at start-up, all ranks", _S, FT.SYNTAX_ERROR, _NR,
                  syntax_error, at_startup=True),
-        Scenario("key_error", "KeyError in the user's code during training (rank 0 or all ranks)", _S, "key_error",
+        Scenario(FT.KEY_ERROR, "KeyError in the user's code during training (rank 0 or all ranks)", _S, FT.KEY_ERROR,
                  _NR, key_error),
         Scenario("stall", "progress stops with no error until the job is killed hours later: a hang", _I,
-                 "hang", _R, stall),
+                 FT.HANG, _R, stall),
     )
 }

@@ -42,9 +42,9 @@ __all__ = [
     "parse_template",
 ]
 
+# Each implementation declares its own name (`actions.actuator`, the audit's `actuator` column).
 ACTUATORS: dict[str, Callable[[ActionsSettings], Actuator]] = {
-    "kubernetes": KubernetesActuator,
-    "slurm": SlurmActuator,
+    cls.name: cls for cls in (KubernetesActuator, SlurmActuator)
 }
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from logdx.act.alerts.base import Alert, clip, dest_key, redact_origin
 from logdx.act.render import recommended_action
 from logdx.act.report import Report
+from logdx.model import FT, Category
 
 
 def _esc(text: str) -> str:
@@ -36,7 +37,7 @@ def slack_payload(alert: Alert, report_url: str | None) -> dict:
     if report.status == "healthy":
         headline = f"logdx: job {job_id}: no failure found"
     else:
-        headline = f"logdx: job {job_id} failed: {report.category or 'unknown'} / {report.failure_type or 'unknown'}"
+        headline = f"logdx: job {job_id} failed: {report.category or Category.UNKNOWN} / {report.failure_type or FT.UNKNOWN}"
     culprit = culprit_text(report) or "unknown"
     action = recommended_action(report)
     done = "; ".join(alert.done) or "nothing"
@@ -77,7 +78,7 @@ def slack_payload(alert: Alert, report_url: str | None) -> dict:
 
 def _resolved_payload(alert: Alert, report_url: str | None) -> dict:
     report = alert.report
-    headline = f"logdx: resolved: job {alert.job_id} ({report.category or 'unknown'} / {report.failure_type or 'unknown'})"
+    headline = f"logdx: resolved: job {alert.job_id} ({report.category or Category.UNKNOWN} / {report.failure_type or FT.UNKNOWN})"
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": clip(headline, 150), "emoji": False}},
         {"type": "section", "text": {"type": "mrkdwn", "text": _esc(clip(alert.resolved, 2000))}},

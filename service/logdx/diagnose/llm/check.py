@@ -8,7 +8,7 @@ from logdx.diagnose.llm.embedded import EmbeddedScorer
 from logdx.diagnose.llm.labels import candidate_labels, render_explanation
 from logdx.diagnose.llm.openai import OpenAICompatibleClient
 from logdx.diagnose.llm.prompts import PromptError, Prompts
-from logdx.model import Action, Category, FailureContext, Label, StageVote
+from logdx.model import FT, Action, Category, FailureContext, Label, StageVote
 
 _SAMPLE_CONTEXT = FailureContext(
     root_text="[rank3]: RuntimeError: CUDA error: uncorrectable ECC error encountered",
@@ -17,7 +17,7 @@ _SAMPLE_CONTEXT = FailureContext(
     excerpt=["[rank3]: RuntimeError: CUDA error: uncorrectable ECC error encountered"],
     exception_type="RuntimeError",
 )
-_SAMPLE_LABEL = Label(Category.INFRASTRUCTURE, "ecc_error", Action.CORDON_AND_RESTART)
+_SAMPLE_LABEL = Label(Category.INFRASTRUCTURE, FT.ECC_ERROR, Action.CORDON_AND_RESTART)
 
 
 class _SampleIncident:
@@ -25,7 +25,7 @@ class _SampleIncident:
     root_line = "NVRM: Xid (PCI:0000:8a:00): 48, pid=1, name=python, An uncorrectable double bit error (DBE)"
     templates = ["NVRM: Xid (PCI:<*>): <*>, pid=<*>, name=python, An uncorrectable double bit error (DBE)"]
     category = Category.INFRASTRUCTURE
-    failure_type = "ecc_error"
+    failure_type = FT.ECC_ERROR
     action = Action.CORDON_AND_RESTART
     note = "GPU replaced"
 

@@ -7,39 +7,34 @@ from collections.abc import Sequence
 from typing import Any
 
 from logdx.diagnose.llm.prompts import Prompts
-from logdx.model import Action, Category, FailureContext, Label, StageVote
-from logdx.taxonomy import is_canonical, make_label
+from logdx.model import FT, Action, Category, FailureContext, Label, StageVote
+from logdx.taxonomy import category_of, is_canonical, make_label, title_of
 
 MAX_QUERY_LINES = 10
 
 
 # Category-level defaults: always in the candidate set, so the model can disagree with the earlier
 # stages at least about the category (the generic type of each category, plus a few frequent ones).
-DEFAULT_CANDIDATES: tuple[tuple[str, str], ...] = (
-    ("framework", "framework_error"),
-    ("script", "script_error"),
-    ("infrastructure", "gpu_hardware_error"),
-    ("infrastructure", "network_error"),
-    ("framework", "cuda_oom"),
-    ("framework", "config_error"),
+DEFAULT_CANDIDATES: tuple[FT, ...] = (
+    FT.FRAMEWORK_ERROR, FT.SCRIPT_ERROR, FT.GPU_HARDWARE_ERROR, FT.NETWORK_ERROR, FT.CUDA_OOM, FT.CONFIG_ERROR,
 )
 
 # Exception classes that name their failure type outright (a cheap, precise candidate).
-_EXCEPTION_CANDIDATES: dict[str, tuple[str, str]] = {
-    "SyntaxError": ("script", "syntax_error"),
-    "IndentationError": ("script", "syntax_error"),
-    "ModuleNotFoundError": ("script", "import_error"),
-    "ImportError": ("script", "import_error"),
-    "NameError": ("script", "name_error"),
-    "AttributeError": ("script", "attribute_error"),
-    "TypeError": ("script", "type_error"),
-    "KeyError": ("script", "key_error"),
-    "IndexError": ("script", "index_error"),
-    "ValueError": ("script", "value_error"),
-    "FileNotFoundError": ("script", "file_not_found"),
-    "PermissionError": ("script", "permission_error"),
-    "CalledProcessError": ("script", "called_process_error"),
-    "OutOfMemoryError": ("framework", "cuda_oom"),
+_EXCEPTION_CANDIDATES: dict[str, FT] = {
+    "SyntaxError": FT.SYNTAX_ERROR,
+    "IndentationError": FT.SYNTAX_ERROR,
+    "ModuleNotFoundError": FT.IMPORT_ERROR,
+    "ImportError": FT.IMPORT_ERROR,
+    "NameError": FT.NAME_ERROR,
+    "AttributeError": FT.ATTRIBUTE_ERROR,
+    "TypeError": FT.TYPE_ERROR,
+    "KeyError": FT.KEY_ERROR,
+    "IndexError": FT.INDEX_ERROR,
+    "ValueError": FT.VALUE_ERROR,
+    "FileNotFoundError": FT.FILE_NOT_FOUND,
+    "PermissionError": FT.PERMISSION_ERROR,
+    "CalledProcessError": FT.CALLED_PROCESS_ERROR,
+    "OutOfMemoryError": FT.CUDA_OOM,
 }
 
 
@@ -63,6 +58,11 @@ def candidate_labels(
         if key not in out and is_canonical(cat, ft) and len(out) < max_candidates:
             out[key] = make_label(cat, ft, action)
 
+    def add_type(ft: FT) -> None:
+        cat = category_of(ft)
+        if cat is not None:
+            add(cat, ft)
+
     proposed = sorted(
         ((lab, s) for v in prior_votes for lab, s in v.scores), key=lambda ls: ls[1], reverse=True
     )
@@ -71,9 +71,9 @@ def candidate_labels(
     if ctx is not None:
         exc = _exception_name(ctx.exception_type) or _exception_name(ctx.root_text)
         if exc in _EXCEPTION_CANDIDATES:
-            add(*_EXCEPTION_CANDIDATES[exc])
-    for cat, ft in DEFAULT_CANDIDATES:
-        add(cat, ft)
+            add_type(_EXCEPTION_CANDIDATES[exc])
+    for ft in DEFAULT_CANDIDATES:
+        add_type(ft)
     return list(out.values())
 
 
@@ -121,6 +121,7 @@ def render_explanation(
             break
     text = prompts.render(
         "explanation.j2", category=label.category.value, failure_type=label.failure_type,
+        title=title_of(label.failure_type),
         probability=probability, n_candidates=n_candidates, root_text=ctx.root_text, example=example,
     )
     return " ".join(text.split())

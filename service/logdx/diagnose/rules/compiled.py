@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from logdx.model import Event, Label, Record, Role
+from logdx.model import Event, EventKind, Label, Record, Role, Severity
 
 # Entries of `match.exceptions` that are no class name: "*" any exception but a warning, "-" a
 # traceback the log ends inside, before its exception line.
@@ -15,8 +15,30 @@ ANY_EXCEPTION, CUT_OFF = "*", "-"
 EXCEPTION_MARKERS = frozenset({ANY_EXCEPTION, CUT_OFF})
 
 _ROLE_RANK = {Role.ROOT_CAUSE: 0, Role.FALLBACK: 1, Role.SYMPTOM: 2}
-_SEVERITY_RANK = {"critical": 0, "high": 1, "medium": 2, "low": 3}
 Origin = Literal["user", "library"]
+
+
+@dataclass(frozen=True, slots=True)
+class PackTest:
+    """A pack's raw-input test (`tests:` in a pack), checked by `logdx.explain.run_pack_tests`.
+
+    Line numbers are 1-based indexes into `lines`; `records` holds, per line, the Record fields the
+    normaliser must give it (None: must be unset)."""
+
+    name: str
+    pack: str
+    file: str
+    line: int  # where the test is written in its pack
+    lines: tuple[str, ...]
+    records: tuple[tuple[int, tuple[tuple[str, object], ...]], ...] = ()
+    events: tuple[tuple[str | None, EventKind | None, int | None], ...] = ()  # (rule id, kind, line)
+    status: str | None = None  # the verdict's, when the test states one
+    category: str | None = None
+    failure_type: str | None = None
+    root_line: int | None = None
+
+    def where(self) -> str:
+        return f"{self.file}:{self.line}: test '{self.name}'"
 
 
 class RuleError(Exception):
@@ -52,12 +74,12 @@ class Rule:
     pack: str
     title: str
     role: Role
-    severity: str
+    severity: Severity
     confidence: float
     label: Label | None  # None when the label depends on the origin (by_origin)
     by_origin: dict[str, Label | None] | None  # None for a side: the library's owner decides
     patterns: tuple[re.Pattern[str], ...]
-    kinds: tuple[str, ...] | None
+    kinds: tuple[EventKind, ...] | None
     exceptions: frozenset[str] | None
     unless: tuple[re.Pattern[str], ...]
     hint: str
@@ -83,7 +105,7 @@ class RuleHit:
     title: str
     role: Role
     label: Label
-    severity: str
+    severity: Severity
     confidence: float
     line: Record  # the event line the pattern matched: it becomes the root line
     groups: dict[str, str]
@@ -112,5 +134,5 @@ class RuleHit:
         return self.groups.get("gpu") or self.event.gpu
 
     def sort_key(self) -> tuple[int, int, float]:
-        return (_ROLE_RANK[self.role], _SEVERITY_RANK[self.severity], -self.confidence)
+        return (_ROLE_RANK[self.role], self.severity.rank, -self.confidence)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from logdx.diagnose.rules.compiled import Rule
 from logdx.diagnose.rules.keywords import Prefilter
 from logdx.diagnose.rules.matcher import RuleSet, event_texts, match_rule
-from logdx.model import Event, Record
+from logdx.model import Event, EventKind, Record
 from logdx.patterns import exception_line
 
 
@@ -18,13 +18,15 @@ def example_event(text: str, rule: Rule | None = None) -> Event:
     records = [Record(line_no=i + 1, raw=ln, text=ln) for i, ln in enumerate(lines)]
     m = exception_line(lines[0])  # an example written as an exception ("KeyError: 'x'")
     kinds = rule.kinds if rule is not None else None
-    if m and (kinds is None or "traceback" in kinds):
-        kind = "traceback"
+    kind: EventKind
+    if m and (kinds is None or EventKind.TRACEBACK in kinds):
+        kind = EventKind.TRACEBACK
     else:
         # a rule about tracebacks alone (one cut off before its exception) is tested on a traceback
-        kind = next((k for k in kinds or () if k != "traceback"), "traceback" if kinds else "line")
+        kind = next((k for k in kinds or () if k != EventKind.TRACEBACK),
+                    EventKind.TRACEBACK if kinds else EventKind.LINE)
     event = Event(kind=kind, anchor=records[0], lines=records)
-    if kind == "traceback" and not m:
+    if kind == EventKind.TRACEBACK and not m:
         event.attrs["ends_log"] = True  # an example is a whole excerpt: it ends where the example does
     if m:
         event.exception_type = m["type"]

@@ -16,12 +16,12 @@ import yaml
 from pydantic import ValidationError
 
 from logdx import yamlsafe
-from logdx.diagnose.rules.compiled import EXCEPTION_MARKERS, OriginConfig, Rule, RuleError
+from logdx.diagnose.rules.compiled import EXCEPTION_MARKERS, OriginConfig, PackTest, Rule, RuleError
 from logdx.diagnose.rules.examples import check_examples
 from logdx.diagnose.rules.keywords import pattern_problem, rule_literals
 from logdx.diagnose.rules.matcher import RuleSet
-from logdx.diagnose.rules.spec import KNOWN_KINDS, LabelSpec, MatchSpec, OriginSpec, PackSpec, RuleSpec
-from logdx.model import Action, Category, Label, Role
+from logdx.diagnose.rules.spec import KNOWN_KINDS, LabelSpec, MatchSpec, OriginSpec, PackSpec, PackTestSpec, RuleSpec
+from logdx.model import FT, Action, Category, EventKind, Label, Role
 from logdx.taxonomy import category_of, default_action, make_label
 
 ENV_RULES_DIR = "LOGDX_RULES_DIR"
@@ -63,6 +63,7 @@ def load_rules(dirs: Sequence[Path | str] | Path | str, *, verify: bool = True) 
         else:
             problems.append(f"{_display(p)}: no such rules directory or file")
     rules: list[Rule] = []
+    tests: list[PackTest] = []
     origin = OriginConfig()
     packs: dict[str, str] = {}
     seen: dict[str, Rule] = {}
@@ -73,15 +74,18 @@ def load_rules(dirs: Sequence[Path | str] | Path | str, *, verify: bool = True) 
             origin = origin.merged(loaded.origin)
         if loaded.name:
             packs.setdefault(loaded.name, loaded.description)
+        tests.extend(loaded.tests)
         for r in loaded.rules:
             if r.id in seen:
                 problems.append(f"{r.where()}: duplicate rule id (first defined at {seen[r.id].file}:{seen[r.id].line})")
                 continue
             seen[r.id] = r
             rules.append(r)
+    problems.extend(f"{t.where()}: unknown rule '{rid}'" for t in tests for rid, _, _ in t.events
+                    if rid is not None and rid not in seen)
     if problems:
         raise RuleError(problems)
-    ruleset = RuleSet(rules=rules, origin=origin, packs=packs, files=files)
+    ruleset = RuleSet(rules=rules, origin=origin, packs=packs, files=files, tests=tests)
     if verify:
         bad = check_examples(ruleset, require_examples=False)
         if bad:
@@ -94,6 +98,7 @@ class _LoadedPack:
     name: str = ""
     description: str = ""
     rules: list[Rule] = field(default_factory=list)
+    tests: list[PackTest] = field(default_factory=list)
     origin: OriginConfig | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -169,7 +174,57 @@ def _load_pack(path: Path, start_order: int) -> _LoadedPack:
         rule = _compile_rule(rspec, spec.pack, shown, lines, rpath, start_order + len(out.rules), out.problems)
         if rule is not None:
             out.rules.append(rule)
+    for i, raw in enumerate(spec.tests):
+        test = _load_test(raw, spec.pack, shown, lines, data, ("tests", i), out.problems)
+        if test is not None:
+            out.tests.append(test)
     return out
+
+
+def _load_test(raw: Any, pack: str, shown: str, lines: _Lines, data: Any, tpath: tuple[Any, ...],
+               problems: list[str]) -> PackTest | None:
+    """One raw-input test of a pack, checked as far as it can be alone (its rule ids: by `load_rules`)."""
+    if not isinstance(raw, dict):
+        problems.append(f"{shown}:{lines.line(tpath)}: test #{tpath[1] + 1} is not a mapping")
+        return None
+    try:
+        spec = PackTestSpec.model_validate(raw)
+    except ValidationError as exc:
+        problems.extend(_pydantic_problems(exc, shown, lines, data, tpath))
+        return None
+    n_before = len(problems)
+
+    def where(*sub: Any) -> str:
+        return f"{shown}:{lines.line((*tpath, *sub))}: test '{spec.name}'"
+
+    if not (spec.records or spec.events or spec.verdict):
+        problems.append(f"{where()}: a test expects records, events or a verdict")
+    n = len(spec.lines)
+    for field_name, items in (("records", spec.records), ("events", spec.events)):
+        for i, item in enumerate(items):
+            if item.line is not None and item.line > n:
+                problems.append(f"{where(field_name, i, 'line')}: line {item.line} of {n} lines")
+    for i, ev in enumerate(spec.events):
+        if ev.kind is not None and ev.kind not in KNOWN_KINDS:
+            problems.append(f"{where('events', i, 'kind')}: unknown event kind '{ev.kind}'")
+    v = spec.verdict
+    if v is not None:
+        if v.root_line is not None and v.root_line > n:
+            problems.append(f"{where('verdict', 'root_line')}: line {v.root_line} of {n} lines")
+        if v.failure_type is not None and category_of(v.failure_type) is None:
+            problems.append(f"{where('verdict', 'failure_type')}: unknown failure_type '{v.failure_type}'")
+        elif v.failure_type is not None and v.category is not None and category_of(v.failure_type) != v.category:
+            problems.append(f"{where('verdict', 'category')}: {v.failure_type} is not of category {v.category}")
+    if len(problems) > n_before:
+        return None
+    return PackTest(
+        name=spec.name, pack=pack, file=shown, line=lines.line(tpath), lines=tuple(spec.lines),
+        records=tuple((r.line, tuple((k, getattr(r, k)) for k in sorted(r.model_fields_set - {"line"})))
+                      for r in spec.records),
+        events=tuple((e.rule, EventKind(e.kind) if e.kind else None, e.line) for e in spec.events),
+        status=v.status if v else None, category=v.category if v else None,
+        failure_type=v.failure_type if v else None, root_line=v.root_line if v else None,
+    )
 
 
 def _rule_ref(data: Any, path: Sequence[Any]) -> str:
@@ -249,11 +304,11 @@ def _compile_regex(src: str, where: str, problems: list[str]) -> re.Pattern[str]
     return pat
 
 
-def _make_label(category: str, failure_type: str, action: str | None) -> tuple[Label | None, str | None]:
+def _make_label(category: Category, failure_type: str, action: Action | None) -> tuple[Label | None, str | None]:
     """The rule's label from the taxonomy; a stated action must be one the label allows, and
     stating the default is noise (the taxonomy says it once)."""
     cat = Category(category)
-    if category_of(failure_type) != cat and not (cat is Category.UNKNOWN and failure_type == "unknown"):
+    if category_of(failure_type) != cat and not (cat is Category.UNKNOWN and failure_type == FT.UNKNOWN):
         return None, f"unknown failure_type '{failure_type}' for category {category} (see logdx/taxonomy.yaml)"
     if action is not None and Action(action) == default_action(cat, failure_type):
         return None, f"action {action} is already the default of {failure_type}: leave it out"
@@ -280,7 +335,7 @@ def _by_origin_labels(spec: RuleSpec, where: Callable[..., str], problems: list[
             problems.append(f"{where('by_origin', which, 'failure_type')}: {err}")
         elif lab is not None:
             by_origin[which] = lab
-    if not spec.match.exceptions and spec.match.kinds != ["traceback"]:
+    if not spec.match.exceptions and spec.match.kinds != [EventKind.TRACEBACK]:
         problems.append(f"{where('by_origin')}: by_origin needs match.exceptions (or kinds: [traceback])")
     return by_origin
 
@@ -355,7 +410,7 @@ def _compile_rule(
         label=label,
         by_origin=by_origin,
         patterns=tuple(patterns),
-        kinds=tuple(m.kinds) if m.kinds is not None else None,
+        kinds=tuple(EventKind(k) for k in m.kinds) if m.kinds is not None else None,
         exceptions=frozenset(m.exceptions) if m.exceptions is not None else None,
         unless=tuple(unless),
         hint=spec.hint,

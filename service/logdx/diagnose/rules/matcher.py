@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from logdx.diagnose.origin import OriginInfo, classify_origin, locate, owner_label
-from logdx.diagnose.rules.compiled import ANY_EXCEPTION, CUT_OFF, Origin, OriginConfig, Rule, RuleHit
+from logdx.diagnose.rules.compiled import ANY_EXCEPTION, CUT_OFF, Origin, OriginConfig, PackTest, Rule, RuleHit
 from logdx.diagnose.rules.keywords import Prefilter
 from logdx.model import Event, Label, Record, Role
 
@@ -39,6 +39,7 @@ class RuleSet:
     origin: OriginConfig
     packs: dict[str, str] = field(default_factory=dict)  # pack name -> description
     files: list[Path] = field(default_factory=list)
+    tests: list[PackTest] = field(default_factory=list)  # the packs' raw-input tests
 
     def __post_init__(self) -> None:
         self.by_id: dict[str, Rule] = {r.id: r for r in self.rules}
@@ -68,7 +69,7 @@ class RuleSet:
         # Only rules whose keywords occur in the event (plus those without keywords) are tried.
         for i in self.prefilter.candidate_rules(t.keywords for t in texts):
             rule = self.rules[i]
-            found = match_rule(rule, event, texts)
+            found = _check(rule, event, texts)[1]  # match_rule's, a call less (this is the hot loop)
             if found is None:
                 continue
             record, groups = found
@@ -106,25 +107,61 @@ class RuleSet:
         return classify_origin(event, self.origin)
 
 
+# Which condition of a rule an event failed (`_check`), in the order they are checked.
+_MATCHED, _WRONG_KIND, _WRONG_EXCEPTION, _NO_PATTERN, _UNLESS = range(5)
+
+
 def match_rule(rule: Rule, event: Event, texts: list[_Text]) -> tuple[Record, dict[str, str]] | None:
     """The line and named groups of this rule's first hit on the event, or None."""
+    return _check(rule, event, texts)[1]
+
+
+def _check(rule: Rule, event: Event, texts: list[_Text]) -> tuple[int, tuple[Record, dict[str, str]] | None]:
+    """The rule's conditions on the event: (_MATCHED, its hit), or (the condition that failed, None)."""
     if rule.kinds is not None and event.kind not in rule.kinds:
-        return None
+        return _WRONG_KIND, None
     if rule.exceptions is not None and not _exception_accepted(rule.exceptions, event.exception_type,
                                                                bool(event.attrs.get("ends_log"))):
-        return None
+        return _WRONG_EXCEPTION, None
     found: tuple[Record, dict[str, str]] | None = None
     if rule.patterns:
         found = _search(rule, texts)
         if found is None:
-            return None
+            return _NO_PATTERN, None
     else:
         found = (event.anchor, {})
-    if rule.unless and (any(u.search(t.text) for t in texts for u in rule.unless)
-                        or any(u.search(r.text) for r in event.lines if _FRAME_LINE.match(r.text)
-                               for u in rule.unless)):
-        return None  # (a traceback's 'File "...", line N' frames too, which patterns never search)
-    return found
+    if rule.unless and _unless_hit(rule, event, texts) is not None:
+        return _UNLESS, None
+    return _MATCHED, found
+
+
+def _unless_hit(rule: Rule, event: Event, texts: list[_Text]) -> re.Pattern[str] | None:
+    """The `unless` pattern found in the event (a traceback's 'File "...", line N' frames too, which
+    patterns never search)."""
+    for u in rule.unless:
+        if any(u.search(t.text) for t in texts) or any(
+                u.search(r.text) for r in event.lines if _FRAME_LINE.match(r.text)):
+            return u
+    return None
+
+
+def why_not(rule: Rule, event: Event, prefilter: Prefilter) -> str | None:
+    """Why the rule does not match the event, in words (None: it matches): the first of its
+    conditions the event fails, as the matcher checks them (`logdx rules explain`)."""
+    texts = event_texts(event, prefilter)
+    failed, _ = _check(rule, event, texts)
+    if failed == _WRONG_KIND:
+        return f"event kind {event.kind} is not in match.kinds ({', '.join(rule.kinds or ())})"
+    if failed == _WRONG_EXCEPTION:
+        wanted = ", ".join(sorted(rule.exceptions or ()))
+        return f"exception {event.exception_type or '(none)'} is not in match.exceptions ({wanted})"
+    if failed == _NO_PATTERN:
+        shown = "; ".join(repr(p.pattern) for p in rule.patterns[:4])
+        return f"no pattern matches the event's text {[t.text for t in texts][:3]!r} (patterns: {shown})"
+    if failed == _UNLESS:
+        u = _unless_hit(rule, event, texts)
+        return f"match.unless {u.pattern if u is not None else '?'!r} matches the event"
+    return None
 
 
 def _search(rule: Rule, texts: list[_Text]) -> tuple[Record, dict[str, str]] | None:

@@ -10,21 +10,25 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Event kinds the detect stage produces (see logdx.model.Event); a rule naming another kind is a typo.
-KNOWN_KINDS: frozenset[str] = frozenset(
-    {"traceback", "line", "nccl", "xid", "signal_exit", "child_failed", "loss_nan", "loss_spike", "stall",
-     "stack_dump", "fr_report"}
-)
+from logdx.model import Action, Category, EventKind, Role, Severity
+
+# Event kinds the detect stage produces; a rule naming another kind is a typo (the loader says so, by line).
+KNOWN_KINDS: frozenset[str] = frozenset(k.value for k in EventKind)
 
 _Strict = ConfigDict(extra="forbid", strict=True)
 _NonEmpty = Annotated[str, Field(min_length=1)]
+# The vocabulary's enums, read from the YAML's strings (strict mode would want enum members).
+_Category = Annotated[Category, Field(strict=False)]
+_Action = Annotated[Action, Field(strict=False)]  # `none` is refused by the loader: no label allows it
+_Role = Annotated[Role, Field(strict=False)]
+_Severity = Annotated[Severity, Field(strict=False)]
 
 
 class LabelSpec(BaseModel):
     model_config = _Strict
-    category: Literal["infrastructure", "framework", "script", "unknown"]
+    category: _Category
     failure_type: _NonEmpty
-    action: Literal["cordon_and_restart", "restart", "no_restart"] | None = None
+    action: _Action | None = None
 
 
 class ByOriginSpec(BaseModel):
@@ -46,12 +50,12 @@ class RuleSpec(BaseModel):
     model_config = _Strict
     id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
     title: _NonEmpty
-    role: Literal["root_cause", "symptom", "fallback"]
-    category: Literal["infrastructure", "framework", "script", "unknown"] | None = None
+    role: _Role
+    category: _Category | None = None
     failure_type: _NonEmpty | None = None
-    action: Literal["cordon_and_restart", "restart", "no_restart"] | None = None
+    action: _Action | None = None
     by_origin: ByOriginSpec | None = None
-    severity: Literal["critical", "high", "medium", "low"] = "medium"
+    severity: _Severity = Severity.MEDIUM
     confidence: Annotated[float, Field(ge=0.0, le=1.0, strict=False)]
     match: MatchSpec
     hint: str = ""
@@ -65,10 +69,57 @@ class OriginSpec(BaseModel):
     passthrough: list[_NonEmpty] = []  # "file-regex:function-regex"
 
 
+_LineIndex = Annotated[int, Field(ge=1)]  # 1-based, into the test's `lines`
+
+
+class RecordExpect(BaseModel):
+    """What the normaliser must make of one raw line; a field left out is not checked, `null` must be unset."""
+
+    model_config = _Strict
+    line: _LineIndex
+    rank: int | None = None
+    local_rank: int | None = None
+    host: str | None = None
+    stream: str | None = None
+    text: str | None = None
+
+
+class EventExpect(BaseModel):
+    """An event the lines must give: of this kind, hit by this rule, anchored (or hit) on this line."""
+
+    model_config = _Strict
+    rule: _NonEmpty | None = None
+    kind: _NonEmpty | None = None
+    line: _LineIndex | None = None
+
+
+class VerdictExpect(BaseModel):
+    """The job-level diagnosis of the lines, as `logdx diagnose` would give it (rules, catalog)."""
+
+    model_config = _Strict
+    status: Literal["failed", "healthy"] = "failed"
+    category: _Category | None = None
+    failure_type: _NonEmpty | None = None
+    root_line: _LineIndex | None = None
+
+
+class PackTestSpec(BaseModel):
+    """A raw-input test: a few raw lines, launcher prefixes and all, through the real normaliser, detector
+    and rules (`logdx rules test`)."""
+
+    model_config = _Strict
+    name: _NonEmpty
+    lines: Annotated[list[str], Field(min_length=1)]
+    records: list[RecordExpect] = []
+    events: list[EventExpect] = []
+    verdict: VerdictExpect | None = None
+
+
 class PackSpec(BaseModel):
     model_config = _Strict
     pack: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")]
     description: str = ""
     origin: OriginSpec | None = None
     rules: list[dict[str, Any]] = []  # validated one by one, so one bad rule names its own id
+    tests: list[dict[str, Any]] = []  # likewise, one by one (PackTestSpec)
 

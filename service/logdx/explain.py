@@ -1,0 +1,238 @@
+"""What logdx makes of raw lines, line by line: `logdx rules explain`, and the raw-input tests of the
+rule packs (`tests:` in `rules/*.yaml`, run by `logdx rules test`).
+
+A rule's examples are checked on text with its prefixes already gone; these go the way a real log
+goes (normaliser, compressor, detector, rules, the diagnosis), so a pattern that needs a piece of
+the line the normaliser takes for a host or a rank shows here, on the line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from logdx.act.report import Report
+from logdx.config import Settings
+from logdx.diagnose.rules import RuleHit, RuleSet, example_event
+from logdx.diagnose.rules.compiled import PackTest
+from logdx.diagnose.rules.matcher import why_not
+from logdx.model import Event, EventKind, Record, Role
+from logdx.pipeline import Engine
+
+__all__ = ["Explanation", "LineReport", "explain_lines", "render_explanation", "run_pack_tests"]
+
+
+@dataclass(slots=True)
+class LineReport:
+    """One raw line: its record, the events it is part of, the rules that hit it, and why the rules
+    that came close (its keywords occur) or were asked about did not."""
+
+    record: Record
+    events: list[Event] = field(default_factory=list)
+    hits: list[RuleHit] = field(default_factory=list)
+    misses: list[tuple[str, str]] = field(default_factory=list)  # (rule id, why not)
+    catalog: list[str] = field(default_factory=list)  # "entry id (how, score): failure type"
+
+
+@dataclass(slots=True)
+class Explanation:
+    lines: list[LineReport]  # every line, or (a long input) the lines an event holds
+    report: Report
+    every_line: bool
+
+
+def explain_lines(engine: Engine, raw_lines: Iterable[bytes | str], expected: Sequence[str] = (),
+                  catalog: bool = False, every_line_up_to: int | None = None) -> Explanation:
+    """Feed the lines through a fresh session of `engine`, then say per line what became of it.
+    `expected`: rule ids to explain where they do not hit; `catalog`: look each event's anchor up in
+    the error catalog too; `every_line_up_to`: past that many lines, only the lines events hold are
+    kept (memory stays bounded on a whole job's log)."""
+    session = engine.new_session()
+    kept: list[Record] = []
+    every_line = True
+    for raw in raw_lines:
+        rec = session.feed_record(raw)[0]
+        if every_line:
+            kept.append(rec)
+            if every_line_up_to is not None and len(kept) > every_line_up_to:
+                every_line, kept = False, []
+    report = session.report()
+    if not every_line:
+        held = {r.line_no: r for ev in session.events for r in (*ev.lines, ev.anchor)}
+        kept = [held[n] for n in sorted(held)]
+    out = [LineReport(rec) for rec in kept]
+    _attach_events(engine.rules, session.events, {ln.record.line_no: ln for ln in out}, expected, catalog)
+    if every_line:
+        for ln in out:
+            if not ln.events:
+                ln.misses.extend(_unseen(engine.rules, ln.record, expected))
+    return Explanation(out, report, every_line)
+
+
+def _attach_events(rules: RuleSet, events: Sequence[Event], by_line: dict[int, LineReport], expected: Sequence[str],
+                   catalog: bool) -> None:
+    """Each event to the lines it holds; its rule hits to the line each hit; its misses to its anchor."""
+    for ev in events:
+        for line_no in sorted({r.line_no for r in ev.lines} | {ev.anchor.line_no}):
+            if line_no in by_line:
+                by_line[line_no].events.append(ev)
+        hits = rules.match(ev) if ev.kind not in (EventKind.STACK_DUMP, EventKind.FR_REPORT) else []
+        for hit in hits:
+            if hit.line.line_no in by_line:
+                by_line[hit.line.line_no].hits.append(hit)
+        anchor = by_line.get(ev.anchor.line_no)
+        if anchor is not None:
+            anchor.misses.extend(_misses(rules, ev, hits, expected))
+            if catalog:
+                anchor.catalog.extend(_catalog_hits(ev))
+
+
+def _misses(rules: RuleSet, ev: Event, hits: Sequence[RuleHit], expected: Sequence[str]) -> list[tuple[str, str]]:
+    """Rules that did not hit the event although their keywords occur in it (nearly matched; a generic
+    fallback only when nothing hit), and the expected ones: why not."""
+    texts = [ev.anchor.text, *(r.text for r in ev.lines), ev.exception_type or ""]
+    keywords = frozenset().union(*(rules.prefilter.keywords_in(t.lower()) for t in texts))
+    near = {r.id for r in rules.rules if r.literals and not r.literals.isdisjoint(keywords)
+            and not (hits and r.role is Role.FALLBACK)}
+    out = []
+    for rule_id in sorted((near | set(expected)) - {h.rule_id for h in hits}):
+        rule = rules.by_id.get(rule_id)
+        reason = why_not(rule, ev, rules.prefilter) if rule is not None else None
+        if reason is not None:
+            out.append((rule_id, f"{ev.kind} event: {reason}"))
+    return out
+
+
+def _unseen(rules: RuleSet, rec: Record, expected: Sequence[str]) -> list[tuple[str, str]]:
+    """An expected rule on a line no event holds: the detector made nothing of it; would its text
+    alone have matched (the normaliser may have taken a piece of it for a prefix)?"""
+    out = []
+    for rule_id in expected:
+        rule = rules.by_id.get(rule_id)
+        if rule is None:
+            continue
+        alone = why_not(rule, example_event(rec.text, rule), rules.prefilter)
+        tried = "and its text alone does not match either: " + alone if alone else \
+            f"though its text {rec.text!r} alone would match"
+        out.append((rule_id, f"no event holds this line (the detector saw no error in it), {tried}"))
+    return out
+
+
+def _catalog_hits(ev: Event) -> list[str]:
+    from logdx.diagnose.catalog import match
+
+    return [f"{h.entry.id} ({h.how}, {h.score:.2f}): {h.entry.category}/{h.entry.failure_type}"
+            for h in match(ev.anchor.text, ev.exception_type, limit=3)]
+
+
+# --- rendering ------------------------------------------------------------------------------------
+
+
+def render_explanation(ex: Explanation) -> str:
+    """The lines as text (of a long log, only those something happened on), the verdict last."""
+    out: list[str] = []
+    for ln in ex.lines:
+        if ex.every_line or ln.events or ln.hits or ln.misses:
+            out.extend(_render_line(ln))
+    out.append(_render_verdict(ex.report))
+    return "\n".join(out)
+
+
+def _render_line(ln: LineReport) -> list[str]:
+    r = ln.record
+    ts = datetime.fromtimestamp(r.ts, UTC).isoformat() if r.ts else "-"
+    out = [f"line {r.line_no}: {r.raw}",
+           f"  record  rank={_v(r.rank)} local_rank={_v(r.local_rank)} host={_v(r.host)} stream={_v(r.stream)} "
+           f"ts={ts} pid={_v(r.pid)}",
+           f"  text    {r.text}"]
+    for ev in ln.events:
+        span = f"lines {ev.lines[0].line_no}-{ev.lines[-1].line_no}" if len(ev.lines) > 1 else "this line"
+        exc = f" {ev.exception_type}" if ev.exception_type else ""
+        role = "anchor" if ev.anchor is r else f"part (anchor line {ev.anchor.line_no})"
+        out.append(f"  event   {ev.kind}{exc}: {span}, {role}")
+    for h in ln.hits:
+        label = f"{h.label.category}/{h.label.failure_type}/{h.label.action}"
+        out.append(f"  rule    {h.rule_id} ({h.pack}, {h.role}, {h.severity}): {label}")
+    out.extend(f"  catalog {c}" for c in ln.catalog)
+    out.extend(f"  not     {rule_id}: {why}" for rule_id, why in ln.misses)
+    return out
+
+
+def _render_verdict(report: Report) -> str:
+    if report.status != "failed":
+        return f"verdict: {report.status}"
+    root = report.root_cause
+    where = f", root line {root.line_no}: {root.text}" if root is not None else ""
+    return (f"verdict: failed {report.category}/{report.failure_type}/{report.action} "
+            f"(confidence {report.confidence:.2f}){where}")
+
+
+def _v(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+# --- the packs' raw-input tests -------------------------------------------------------------------
+
+
+def run_pack_tests(settings: Settings, rules: RuleSet) -> list[str]:
+    """Every pack test through the real pipeline: one problem a line ("file:line: test 'name': what")."""
+    engine = Engine.for_rules(settings, rules)
+    problems = []
+    for test in rules.tests:
+        ex = explain_lines(engine, test.lines)
+        problems.extend(f"{test.where()}: {p}" for p in _test_problems(test, ex, rules))
+    return problems
+
+
+def _test_problems(test: PackTest, ex: Explanation, rules: RuleSet) -> list[str]:
+    out = []
+    for line, fields in test.records:
+        rec = ex.lines[line - 1].record
+        out.extend(f"line {line}: the normaliser gave {name}={getattr(rec, name)!r}, expected {want!r}"
+                   for name, want in fields if getattr(rec, name) != want)
+    for rule_id, kind, line in test.events:
+        if not _event_found(ex, rule_id, kind, line):
+            what = f"no {kind} event" if kind else "no event"
+            out.append(f"{what}{_on(line)}{' hit by rule ' + repr(rule_id) if rule_id else ''}"
+                       f"{_why(ex, rules, rule_id, line)}")
+    out.extend(_verdict_problems(test, ex.report))
+    return out
+
+
+def _event_found(ex: Explanation, rule_id: str | None, kind: EventKind | None, line: int | None) -> bool:
+    lines = ex.lines if line is None else [ex.lines[line - 1]]
+    if rule_id is not None:
+        return any(h.rule_id == rule_id and (kind is None or h.event.kind == kind) for ln in lines for h in ln.hits)
+    return any(kind is None or ev.kind == kind for ln in lines for ev in ln.events)
+
+
+def _on(line: int | None) -> str:
+    return f" on line {line}" if line is not None else ""
+
+
+def _why(ex: Explanation, rules: RuleSet, rule_id: str | None, line: int | None) -> str:
+    """Why the rule missed: on the line asked, else on the first event of the lines."""
+    rule = rules.by_id.get(rule_id or "")
+    if rule is None:
+        return ""
+    for ln in ex.lines if line is None else [ex.lines[line - 1]]:
+        for ev in ln.events:
+            return f": {why_not(rule, ev, rules.prefilter) or f'it hit line {ev.anchor.line_no} instead'}"
+        if line is not None and why_not(rule, example_event(ln.record.text, rule), rules.prefilter) is None:
+            return f": the line made no event, though its text {ln.record.text!r} alone matches"
+    return ": no event holds these lines"
+
+
+def _verdict_problems(test: PackTest, report: Report) -> list[str]:
+    out = []
+    if test.status is not None and report.status != test.status:
+        out.append(f"verdict {report.status}, expected {test.status}")
+    if test.failure_type is not None and report.failure_type != test.failure_type:
+        out.append(f"verdict failure_type {report.failure_type}, expected {test.failure_type}")
+    if test.category is not None and report.category != test.category:
+        out.append(f"verdict category {report.category}, expected {test.category}")
+    root = report.root_cause.line_no if report.root_cause is not None else None
+    if test.root_line is not None and root != test.root_line:
+        out.append(f"verdict root line {root}, expected {test.root_line}")
+    return out
