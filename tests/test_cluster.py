@@ -239,7 +239,7 @@ def test_three_replicas_survive_the_sigkill_of_the_jobs_owner(tmp_path, pg_url, 
 
         # The early diagnosis happens after the takeover (the root line came after the kill).
         detail = _wait(lambda: (d := httpx.get(f"{survivor.url}/v1/jobs/{job_id}", headers=survivor.headers)
-                                .json()).get("report") and d, 30, "an early diagnosis")
+                                .json()).get("report") and d, 120, "an early diagnosis")
         assert detail["report"]["failure_type"] == job.expected["failure_type"]
 
         # A retried batch counts once, whichever replica gets it.
