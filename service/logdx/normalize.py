@@ -16,9 +16,9 @@ import gzip
 import io
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
@@ -223,7 +223,7 @@ class Normalizer:
         self.bytes_in = 0
         # Stamps without a year (syslog "Nov 13", glog "W1113") take the year that puts them nearest the
         # last full stamp seen (before any: today), so a log that crosses New Year does not jump a year.
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         self._year, self._month = now.year, now.month
         # A pasted terminal session names its host once, in the prompt.
         self._session_host: str | None = None
@@ -533,9 +533,3 @@ def iter_lines(f: BinaryIO, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Ite
                 if not rest or rest.endswith(b"\n"):
                     break
         yield line
-
-
-def normalize_stream(lines: Iterable[bytes | str], normalizer: Normalizer | None = None) -> Iterator[Record]:
-    n = normalizer or Normalizer()
-    for raw in lines:
-        yield n.normalize(raw)
