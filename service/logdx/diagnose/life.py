@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from logdx.model import CompressionSummary, Event, ProgressMark, ProgressSummary, SourceProgress, StoppedFirst
 
-__all__ = ["Stop", "first_stopped", "is_warning", "ran_to_completion", "stop_of", "went_on_after"]
+__all__ = ["Stop", "ends_its_process", "first_stopped", "is_warning", "ran_to_completion", "stop_of", "went_on_after"]
 
 # The job, or the rank, advanced this many times after an event: it went on. One is not enough: a step
 # already in flight when a rank died can still be printed by the others (a collective needs everyone
@@ -61,6 +61,11 @@ _OWN_LINES_AFTER = 20
 _JOB_LINES_AFTER = 100
 
 
+def ends_its_process(event: Event) -> bool:
+    """By its nature the event can end what printed it: a terminal kind, or an exception raised."""
+    return event.kind in _TERMINAL_KINDS or bool(event.exception_type)
+
+
 def went_on_after(event: Event, summary: CompressionSummary, *, at_least: int = MIN_ADVANCES) -> bool:
     """The rank that printed the event (when it prints progress of its own), else the whole job,
     advanced `at_least` times after it; or, for an event that does not end its process by nature, the
@@ -70,7 +75,7 @@ def went_on_after(event: Event, summary: CompressionSummary, *, at_least: int = 
         return False
     if _advanced_after(event, summary, mark, at_least):
         return True
-    if event.kind in _TERMINAL_KINDS or event.exception_type or not is_warning(event):
+    if ends_its_process(event) or not is_warning(event):
         return False  # only what the program itself says it goes on after (a warning, a retry)
     # Only where training says nothing: once the job makes progress after an event, its progress
     # decides (the steps in flight when a rank died are printed by the others).

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from logdx.diagnose.culprit import HANG_BASES, attribute
 from logdx.diagnose.hangs import fr_hit, minority_hit, silent_rank_label, stack_minority
-from logdx.diagnose.life import MIN_ADVANCES, is_warning, went_on_after
+from logdx.diagnose.life import MIN_ADVANCES, ends_its_process, is_warning, went_on_after
 from logdx.diagnose.origin import locate
 from logdx.diagnose.rules import RuleHit, RuleSet, render_hint
 from logdx.model import (
@@ -80,13 +80,14 @@ def find_root_cause(
     summary: CompressionSummary,
     templates: Sequence[TemplateStats],
     rules: RuleSet,
-    exited_ok: bool = False,
+    exit_code: int | None = None,
 ) -> RulesOutcome:
-    """`exited_ok`: the job is known to have exited 0, so any error its process trained past at
-    all was survived."""
+    """`exit_code`: the job's, when known. Exit 0: any error its process trained past at all was
+    survived, and so was anything that cannot end a process by itself (a logged error, an async
+    event)."""
     dumps = [e for e in events if e.kind in _READ_AS_A_WHOLE]
     everything, unexplained = _match_all([e for e in events if e.kind not in _READ_AS_A_WHOLE], rules, summary,
-                                         1 if exited_ok else MIN_ADVANCES)
+                                         _Ending(exit_code))
     findings = [f for f in everything if not f.survived]
     recovered = [f for f in everything if f.survived and f.hit.role is not Role.SYMPTOM]
     winner, role = _choose(findings, summary)
@@ -122,8 +123,24 @@ def find_root_cause(
 # -- matching ----------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _Ending:
+    """How the job ended, as far as the caller knows it: its exit code (None: not known)."""
+
+    exit_code: int | None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def at_least(self) -> int:
+        """How many advances after an event make it survived: one is enough once the job exited 0."""
+        return 1 if self.ok else MIN_ADVANCES
+
+
 def _match_all(events: Sequence[Event], rules: RuleSet, summary: CompressionSummary,
-               at_least: int) -> tuple[list[Finding], list[Event]]:
+               ending: _Ending) -> tuple[list[Finding], list[Event]]:
     """Best hit per event; events that repeat a (rule, template) already found are folded in (those
     the job went on after apart from those it did not: a start-up retry and the same line at the end
     are two findings). An exception that only re-raises or follows another (a DataLoader's "Caught
@@ -139,7 +156,7 @@ def _match_all(events: Sequence[Event], rules: RuleSet, summary: CompressionSumm
             continue
         if _superseded(event, best):
             continue
-        survived = _survived(event, summary, at_least)
+        survived = _survived(event, summary, ending)
         key = (hit.rule_id, mask(hit.line.text), survived)
         found = by_key.get(key)
         if found is None:
@@ -166,16 +183,20 @@ def _hang_from_dumps(dumps: list[Event]) -> Finding | None:
     return Finding(event=minority.events[0], hit=minority_hit(minority))
 
 
-def _survived(event: Event, summary: CompressionSummary, at_least: int) -> bool:
+def _survived(event: Event, summary: CompressionSummary, ending: _Ending) -> bool:
     """The job went on after it. A loss gone NaN is survived only when the same process logs a finite
-    loss again; a divergence the timeline confirmed, a stall, never (training goes on, ruined)."""
+    loss again; a divergence the timeline confirmed, a stall, never (training goes on, ruined). What
+    cannot end a process by itself (a logged error, an NIC's async event) did not end a job that exited
+    0, nor one whose training says it ran to its end, unless the job is known to have failed."""
     if event.kind == "loss_nan":
         return summary.last_finite_loss_line.get(event.anchor.source_key, 0) > event.line_no
     if event.kind == "loss_spike":  # unless the loss came back after all, later than the watch waited
         return summary.progress.divergence is None or summary.progress.divergence.line_no != event.line_no
     if event.kind == "stall":
         return False
-    return went_on_after(event, summary, at_least=at_least)
+    if not ends_its_process(event) and (ending.ok or (ending.exit_code is None and summary.progress.completed_line)):
+        return True
+    return went_on_after(event, summary, at_least=ending.at_least)
 
 
 def _superseded(event: Event, best: dict[int, RuleHit]) -> bool:
