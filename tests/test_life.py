@@ -148,3 +148,13 @@ def test_a_traceback_after_training_completed_still_fails_the_job(engine: Engine
     lines = startup() + steps(1, 50) + [f"{host(0)}: [rank0]:Training completed. Saving model to /ckpt/final"]
     lines += keyerror(0)
     assert diagnose(engine, lines).status == "failed"
+
+
+def test_a_port_error_its_port_came_back_from_is_a_note_even_with_no_step_after(engine: Engine) -> None:
+    back = [line.replace("port error", "port active") for line in port_error(range(8))]
+    lines = startup() + steps(1, 50) + port_error(range(8)) + back
+    report = diagnose(engine, lines)
+    assert report.status == "healthy" and report.recovered
+    # The port that stays down is what the job has, on that node.
+    down = diagnose(engine, startup() + steps(1, 50) + port_error(range(8)))
+    assert (down.status, down.failure_type, down.culprits.hosts) == ("failed", "network_error", [host(0)])

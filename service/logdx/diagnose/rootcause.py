@@ -147,7 +147,7 @@ def _match_all(events: Sequence[Event], rules: RuleSet, summary: CompressionSumm
             continue
         if _superseded(event, best):
             continue
-        survived = _survived(event, summary, ending)
+        survived = _survived(event, summary, ending) or _cleared(event, hit, rules, events)
         key = (hit.rule_id, mask(hit.line.text), survived)
         found = by_key.get(key)
         if found is None:
@@ -242,6 +242,19 @@ def _survived(event: Event, summary: CompressionSummary, ending: _Ending) -> boo
     if not ends_its_process(event) and (ending.ok or (ending.exit_code is None and said_it_completed(summary.progress))):
         return True
     return went_on_after(event, summary, at_least=ending.at_least)
+
+
+def _cleared(event: Event, hit: RuleHit, rules: RuleSet, events: Sequence[Event]) -> bool:
+    """A later line of the same host (the same source, when no host is known) says the condition the
+    rule found cleared: an IB port that went down and came back up."""
+    rule = rules.by_id.get(hit.rule_id)
+    if rule is None or not rule.cleared_by:
+        return False
+    where = event.anchor.host or event.anchor.source_key
+    return any(
+        e.line_no > event.line_no and (e.anchor.host or e.anchor.source_key) == where
+        and any(p.search(e.anchor.text) for p in rule.cleared_by)
+        for e in events)
 
 
 def _superseded(event: Event, best: dict[int, RuleHit]) -> bool:

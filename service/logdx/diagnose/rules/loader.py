@@ -311,6 +311,7 @@ def _compile_rule(
         elif pat is not None:
             patterns.append(pat)
     unless = [u for i, src in enumerate(m.unless) if (u := _compile_regex(src, where("match", "unless", i), problems))]
+    cleared = [c for i, src in enumerate(spec.cleared_by) if (c := _compile_regex(src, where("cleared_by", i), problems))]
     if m.kinds is not None:
         for i, k in enumerate(m.kinds):
             if k not in KNOWN_KINDS:
@@ -336,6 +337,7 @@ def _compile_rule(
         kinds=tuple(m.kinds) if m.kinds is not None else None,
         exceptions=frozenset(m.exceptions) if m.exceptions is not None else None,
         unless=tuple(unless),
+        cleared_by=tuple(cleared),
         hint=spec.hint,
         examples=tuple(spec.examples),
         counterexamples=tuple(spec.counterexamples),

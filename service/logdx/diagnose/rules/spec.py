@@ -54,6 +54,9 @@ class RuleSpec(BaseModel):
     severity: Literal["critical", "high", "medium", "low"] = "medium"
     confidence: Annotated[float, Field(ge=0.0, le=1.0, strict=False)]
     match: MatchSpec
+    # Lines that say the condition cleared (an IB port active again): one from the same host after the
+    # event makes the event one the job recovered from.
+    cleared_by: list[_NonEmpty] = []
     hint: str = ""
     examples: list[str] = []
     counterexamples: list[str] = []
