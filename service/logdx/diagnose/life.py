@@ -171,6 +171,10 @@ def stopped_by_progress(summary: CompressionSummary, *, min_lag: float = 1.5) ->
         behind = [s for s in ranked if s.last_step is not None and s.last_step < top]
         per = _step_per_advance(ranked)
         behind = [s for s in behind if s.last_step is not None and top - s.last_step > min_lag * per]
+        # A rank still printing after most of the leaders' last lines has not stopped first (its last line
+        # is a summary of an earlier step: the logging rank's "[step N] global loss" after step N+1).
+        leaders = sorted(s.last_line for s in ranked if s.last_step == top)
+        behind = [s for s in behind if s.last_line < leaders[len(leaders) // 2]]
     else:
         behind = _behind_in_time(ranked, summary)
     if not _minority(len(behind), len(ranked)):
