@@ -220,7 +220,7 @@ def _why_no_host(winner: Finding, att: Attribution, summary: CompressionSummary)
 
 _MIN_WORLD_FOR_SILENT = 4
 _LAGGING = "the rank lagging in collective sequence numbers"
-_SILENT = "the rank missing from the watchdogs' reports"
+_SILENT = "the silent rank, missing from the watchdogs' reports"
 _PROGRESS = "its training progress stopped before the other ranks'"
 _OUTPUT = HANG_OUTPUT_BASIS = "it fell silent while the other ranks went on"
 # How a hang's culprit can be told. The first three are independent observations of the rank; output
