@@ -96,6 +96,39 @@ def test_faulthandler_dumps_per_rank_are_read_alike(engine) -> None:
     assert report.failure_type == "framework_hang" and report.culprits.ranks == [2]
 
 
+def test_faulthandler_timeout_dumps_find_the_main_thread_it_does_not_mark(engine) -> None:
+    """dump_traceback_later lists every thread as "Thread 0x..." (none marked current), newest first: a
+    DataLoader pin-memory thread, then the main thread, whose outermost frame need not be <module>."""
+    lines = training(8)
+    site = "/usr/local/lib/python3.10/dist-packages"
+    for r in range(8):
+        p = f"[rank{r}]:"
+        lines += [f"{p}Timeout (0:05:00)!", f"{p}Thread 0x00007f577dff06{r:02d} (most recent call first):",
+                  f'{p}  File "/usr/lib/python3.10/multiprocessing/queues.py", line 113 in get',
+                  f'{p}  File "{site}/torch/utils/data/_utils/pin_memory.py", line 31 in do_one_step',
+                  f'{p}  File "/usr/lib/python3.10/threading.py", line 953 in run',
+                  f'{p}  File "/usr/lib/python3.10/threading.py", line 1016 in _bootstrap_inner', p,
+                  f"{p}Thread 0x00007f577e0007{r:02d} (most recent call first):"]
+        if r == 6:
+            lines += [f'{p}  File "/usr/lib/python3.10/threading.py", line 324 in wait',
+                      f'{p}  File "{site}/torch/utils/data/dataloader.py", line 1133 in _try_get_data']
+        else:
+            lines += [f'{p}  File "{site}/torch/distributed/distributed_c10d.py", line 2501 in all_reduce']
+        lines += [f'{p}  File "{site}/lightning/pytorch/trainer/trainer.py", line 538 in fit',
+                  f'{p}  File "/opt/NeMo/examples/nlp/language_modeling/megatron_gpt_pretraining.py", line 42 in main']
+    report = diagnose(engine, lines)
+    assert report.failure_type == "framework_hang" and report.culprits.ranks == [6]
+    assert "_try_get_data" in report.root_cause.text
+
+
+def test_a_path_py_spy_shortened_inside_a_known_library_is_that_librarys(engine) -> None:
+    numpy_read = ["    _read_bytes (numpy/lib/format.py:966)", "    read_array (numpy/lib/format.py:831)",
+                  "    load (numpy/lib/npyio.py:456)", "    __getitem__ (project/data/shards.py:88)",
+                  "    <module> (pretrain_gpt.py:240)"]
+    report = diagnose(engine, training() + pyspy(16, 9, numpy_read))
+    assert (report.category, report.failure_type, report.culprits.ranks) == ("framework", "framework_hang", [9])
+
+
 def test_a_grouped_dump_counts_each_main_thread_as_a_process(engine) -> None:
     lines = ["4 in:"] + [f'Thread {p} (active): "MainThread"' for p in (101, 102, 103, 104)] + PYSPY_COLLECTIVE
     lines += ["1 in:", 'Thread 105 (idle): "MainThread"'] + PYSPY_DATALOADER

@@ -114,3 +114,47 @@ def test_exit_code_0_is_healthy_even_with_scary_lines_after_training(engine: Eng
     lines = steps(1, 50) + [f"{host(0)}: [rank0]:[W1121 12:00:00.000 ProcessGroupNCCL.cpp:1250] Warning: WARNING: "
                             "process group has NOT been destroyed before we destruct ProcessGroupNCCL."]
     assert diagnose(engine, lines, exit_code=0).status == "healthy"
+
+
+def port_error(node_ranks: range) -> list[str]:
+    """NCCL's IB async thread of every rank on one node (transport/net_ib.cc)."""
+    return [f"{host(r)}: [rank{r}]:{host(r)}:{3000 + r}:{3071 + r} [{r % 8}] transport/net_ib.cc:101 NCCL WARN "
+            f"NET/IB : mlx5_2:1 Got async event : port error" for r in node_ranks]
+
+
+def test_an_async_event_in_the_last_step_of_a_job_that_exited_0_is_a_note(engine: Engine) -> None:
+    lines = startup() + steps(1, 50) + port_error(range(8))
+    report = diagnose(engine, lines, exit_code=0)
+    assert report.status == "healthy"
+    assert report.recovered  # kept as a note
+    # Without the exit code or a word that training ended, the same log is a failure on that node.
+    unknown = diagnose(engine, lines)
+    assert unknown.status == "failed" and unknown.culprits.hosts == [host(0)]
+
+
+@pytest.mark.parametrize("ending", [
+    "{'train_runtime': 83302.2172, 'train_samples_per_second': 26.857, 'train_loss': 4.1836, 'epoch': 1.0}",
+    "[after training is done] datetime: 2024-11-21 12:00:00",
+    "`Trainer.fit` stopped: `max_steps=500` reached.",
+])
+def test_an_async_event_before_training_says_it_completed_is_a_note(engine: Engine, ending: str) -> None:
+    lines = startup() + steps(1, 50) + port_error(range(8)) + [f"{host(0)}: [rank0]:{ending}"]
+    assert diagnose(engine, lines).status == "healthy"
+    # The job's own failure code outweighs its words: the event is then what the diagnosis has.
+    assert diagnose(engine, lines, exit_code=1).status == "failed"
+
+
+def test_a_traceback_after_training_completed_still_fails_the_job(engine: Engine) -> None:
+    lines = startup() + steps(1, 50) + [f"{host(0)}: [rank0]:Training completed. Saving model to /ckpt/final"]
+    lines += keyerror(0)
+    assert diagnose(engine, lines).status == "failed"
+
+
+def test_a_port_error_its_port_came_back_from_is_a_note_even_with_no_step_after(engine: Engine) -> None:
+    back = [line.replace("port error", "port active") for line in port_error(range(8))]
+    lines = startup() + steps(1, 50) + port_error(range(8)) + back
+    report = diagnose(engine, lines)
+    assert report.status == "healthy" and report.recovered
+    # The port that stays down is what the job has, on that node.
+    down = diagnose(engine, startup() + steps(1, 50) + port_error(range(8)))
+    assert (down.status, down.failure_type, down.culprits.hosts) == ("failed", "network_error", [host(0)])

@@ -37,7 +37,28 @@ def test_symptoms_only_name_the_silent_rank_as_a_hang(engine):
     # A hang, with its culprit; no host is named anywhere, so nothing to cordon: a restart.
     assert (report.category, report.failure_type, report.action) == ("infrastructure", "hang", "restart")
     assert report.culprits.ranks == [5]
-    assert report.confidence <= 0.6
+    # One signal (missing from the watchdogs' reports): the rank is named, not corroborated.
+    assert report.confidence < 0.8 and not report.culprits.corroborated
+
+
+def on_host(line: str, rank: int) -> str:
+    return f"node-{rank // 8:02d}: {line}"
+
+
+def test_a_silent_rank_two_signals_agree_on_is_corroborated_and_its_node_cordoned(engine):
+    lines = [on_host(progress(r, i), r) for i in range(1, 5) for r in range(16) if not (r == 5 and i == 4)]
+    lines += [on_host(watchdog(r), r) for r in range(16) if r != 5]
+    report = diagnose(engine, lines)
+    # Missing from the watchdogs' reports, and its progress stopped a step before the others'.
+    assert (report.failure_type, report.culprits.ranks, report.culprits.hosts) == ("hang", [5], ["node-00"])
+    assert report.culprits.corroborated and report.confidence >= 0.85
+    assert report.action == "cordon_and_restart"
+    # The same with only one of the two signals: the rank is named, its node is not cordoned.
+    one = [on_host(progress(r, i), r) for i in range(1, 5) for r in range(16)]
+    one += [on_host(watchdog(r), r) for r in range(16) if r != 5]
+    report = diagnose(engine, one)
+    assert (report.culprits.ranks, report.action) == ([5], "restart")
+    assert not report.culprits.corroborated and report.confidence < 0.85
 
 
 def test_timeouts_with_no_rank_to_point_at_stay_a_collective_timeout(engine):

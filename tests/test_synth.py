@@ -40,7 +40,7 @@ EXPECTED_LABELS = {
     "nvlink": ("infrastructure", "nvlink_error", "cordon_and_restart"),
     "ib_error": ("infrastructure", "network_error", "restart"),
     "node_lost": ("infrastructure", "node_failure", "cordon_and_restart"),
-    "nccl_hang": ("infrastructure", "hang", "cordon_and_restart"),
+    "nccl_hang": ("infrastructure", "hang", "restart"),
     "s3_timeout": ("infrastructure", "storage_error", "restart"),
     "disk_full": ("infrastructure", "disk_full", "restart"),
     "cuda_oom": ("framework", "cuda_oom", "no_restart"),

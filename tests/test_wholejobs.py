@@ -124,7 +124,9 @@ def test_silent_rank_is_missing_from_the_watchdogs_or_reports_a_lower_seqnum(rep
     truth, lines = lines_of(silent_rank_hang, seed=4, flavour="plain", style="torchrun", ranks=16, lines=3000,
                             report=report, gap=True)
     culprit = truth.culprit_ranks[0]
-    assert (truth.category, truth.failure_type, truth.action) == ("infrastructure", "hang", "restart")
+    # Two signals (the watchdogs' reports, and its own progress stopping first): its named node is cordoned.
+    want = "cordon_and_restart" if truth.culprit_hosts else "restart"
+    assert (truth.category, truth.failure_type, truth.action) == ("infrastructure", "hang", want)
     seqs = {int(m.group(1)): int(m.group(2)) for line in lines if (m := WATCHDOG.search(line))}
     others = {seq for rank, seq in seqs.items() if rank != culprit}
     assert len(others) == 1, "every other rank times out on the same collective"
@@ -301,3 +303,9 @@ def test_a_noise_family_can_be_left_out_of_every_generator() -> None:
     buf = io.StringIO()
     buried = bury(IMPORT_ERROR, buf, seed=1, ranks=16, lines=2500, realism=True, without=without)
     assert not without & set(buried.families) and not C10D_REFUSED.search(buf.getvalue())
+
+
+def test_a_silent_rank_only_the_watchdogs_name_is_restarted() -> None:
+    truth, _ = lines_of(silent_rank_hang, seed=4, flavour="plain", style="torchrun", ranks=16, lines=3000,
+                        report="absent", gap=False)
+    assert (truth.failure_type, truth.action) == ("hang", "restart")

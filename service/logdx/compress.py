@@ -36,7 +36,15 @@ from logdx.patterns import (
     traceback_prefix,
 )
 from logdx.stacks import classify_line, is_stack_start
-from logdx.timeline import LossSignal, ProgressShape, Timeline, checkpoint_step_of, may_count, progress_shape_of
+from logdx.timeline import (
+    LossSignal,
+    ProgressShape,
+    Timeline,
+    checkpoint_step_of,
+    is_completion,
+    may_count,
+    progress_shape_of,
+)
 
 # Words that make a line worth keeping whole. Judged on the masked line, once per distinct line.
 _ERROR_WORD_LIST = (
@@ -281,6 +289,7 @@ class _Shape:
     # turn out to be progress (its counter rises: see timeline.Learner). Cleared once decided.
     watch: bool = False
     checkpoint: bool = False
+    completion: bool = False  # the run says its training is over (timeline.yaml `completions`)
     # Starts a block kept whole although its lines carry no error word: "stack" (a py-spy / faulthandler /
     # gdb dump), "fr" (a report of torch's flight-recorder analyser). None: not one.
     block: str | None = None
@@ -415,15 +424,18 @@ class Compressor:
         # value, not by word, so Megatron's "number of nan iterations: 0" stays progress.)
         # A save names its step ("saved checkpoint at iteration 200") but is not a step of training.
         checkpoint = not error and checkpoint_step_of(text) is not None
-        progress = None if error or checkpoint else progress_shape_of(text)
+        # "Training completed", the trainer's final metrics: the end of training, not a step of it.
+        completion = not error and not checkpoint and is_completion(text)
+        progress = None if error or checkpoint or completion else progress_shape_of(text)
         shape = _Shape(
             template_id=stats.template_id,
             error=error,
             progress=progress,
             checkpoint=checkpoint,
+            completion=completion,
             block="stack" if is_stack_start(text) else "fr" if is_report_start(text) else None,
             # A line of digits no form knows may be a counter: the timeline learns it (or not).
-            watch=checkpoint or (progress is None and not error and len(key) < len(text) and may_count(text)),
+            watch=checkpoint or completion or (progress is None and not error and len(key) < len(text) and may_count(text)),
             topology=("NCCL INFO comm" in masked and "busId" in masked) or "[Rank <*>] [job id" in masked
             or _BOX_HOST.match(text) is not None or _BOX_RANK.match(text) is not None
             or _ALLOCATION.search(text) is not None,
@@ -632,6 +644,9 @@ class Compressor:
 
     def _watch_shape(self, key: bytes, shape: _Shape, rec: Record, source_key: str) -> None:
         """A line that may say a checkpoint was saved, or may turn out to be a counter."""
+        if shape.completion:
+            self.timeline.note_completion(rec.line_no)
+            return
         if shape.checkpoint:
             step = checkpoint_step_of(rec.text)
             if step is not None:

@@ -132,8 +132,7 @@ class _OpenStack:
             return [self._event(t, t.tid or t.name) for t in mains]
         if not threads:
             return []
-        main = mains[0] if mains else next((t for t in threads if t.frames[-1].function == "<module>"), threads[0])
-        return [self._event(main, self.pid)]
+        return [self._event(mains[0] if mains else _likely_main(threads), self.pid)]
 
     def _event(self, t: _Thread, pid: object) -> Event:
         return Event(kind=EventKind.STACK_DUMP, anchor=t.records[0], lines=self.lines, frames=list(reversed(t.frames)),
@@ -142,6 +141,20 @@ class _OpenStack:
 
 
 _MAX_STACK_THREADS = 256
+# A thread the threading module started: its outermost frame is the bootstrap (never the main thread).
+_THREAD_BOOTSTRAP = frozenset({"_bootstrap", "_bootstrap_inner"})
+
+
+def _likely_main(threads: list[_Thread]) -> _Thread:
+    """The main thread of a dump that does not mark it (faulthandler's dump_traceback_later lists every
+    thread as "Thread 0x..."): the one running the script's top level; else, of the threads the
+    threading module did not start, the last listed (CPython lists the newest thread first, so the main
+    thread, the oldest, comes last)."""
+    top = next((t for t in threads if t.frames[-1].function == "<module>"), None)
+    if top is not None:
+        return top
+    own = [t for t in threads if t.frames[-1].function not in _THREAD_BOOTSTRAP]
+    return (own or threads)[-1]
 
 
 @dataclass

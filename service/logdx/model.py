@@ -229,6 +229,7 @@ class ProgressSummary:
     divergence: Divergence | None = None
     recovered_spikes: list[Divergence] = field(default_factory=list)
     checkpoints: list[tuple[int, int]] = field(default_factory=list)  # (step, line_no) saved
+    completed_line: int = 0  # the last line that said the run's training is over (0: none said so)
     # Every source's last line of any kind (line_no, ts): which rank went quiet first.
     last_output: dict[str, tuple[int, float | None]] = field(default_factory=dict)
     quiet: dict[str, int] = field(default_factory=dict)  # per source, lines without an error word

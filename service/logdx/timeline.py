@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -35,7 +36,8 @@ from logdx.model import Divergence, ProgressMark, ProgressSummary, Record, Sourc
 
 FORMS_PATH = Path(__file__).with_name("timeline.yaml")
 
-__all__ = ["FORMS_PATH", "ProgressShape", "Timeline", "TimelineError", "checkpoint_step_of", "progress_shape_of"]
+__all__ = ["FORMS_PATH", "ProgressShape", "Timeline", "TimelineError", "checkpoint_step_of", "is_completion",
+           "progress_shape_of"]
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 _VALUE = rf"(?P<v>{_NUM}|(?i:nan|[-+]?inf(?:inity)?))"
@@ -65,12 +67,14 @@ class _FormsFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     fields: dict[str, list[str]]
     checkpoints: list[str]
+    completions: list[str] = []
 
 
 @dataclass(frozen=True, slots=True)
 class _Forms:
     fields: tuple[tuple[str, tuple[re.Pattern[str], ...]], ...]
     checkpoints: tuple[re.Pattern[str], ...]
+    completion: re.Pattern[str] | None  # any of the completion lines (one search per line shape)
     words: re.Pattern[str]  # a cheap first look: could this line be progress at all?
 
 
@@ -112,7 +116,16 @@ def forms(path: Path = FORMS_PATH) -> _Forms:
     if unknown:
         raise TimelineError(f"{path}: unknown field(s) {', '.join(sorted(unknown))} (known: {', '.join(_FIELDS)})")
     return _Forms(fields=compiled, checkpoints=tuple(_compile(p, where(p)) for p in spec.checkpoints),
-                  words=_PROGRESS_HINT)
+                  completion=_any_of(spec.completions, where), words=_PROGRESS_HINT)
+
+
+def _any_of(patterns: list[str], where: Callable[[str], str]) -> re.Pattern[str] | None:
+    for p in patterns:
+        try:
+            re.compile(p)
+        except re.error as e:
+            raise TimelineError(f"{where(p)}: {e}: {p!r}") from None
+    return re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
 
 
 _FIELDS = ("step", "epoch", "total", "loss", "grad_norm", "lr", "step_time_ms", "step_time_s", "it_per_s",
@@ -214,6 +227,12 @@ def checkpoint_step_of(text: str) -> int | None:
             except (ValueError, OverflowError):
                 return None
     return None
+
+
+def is_completion(text: str) -> bool:
+    """The line says the run's training is over (it ran to its end; timeline.yaml `completions`)."""
+    pattern = forms().completion
+    return pattern is not None and pattern.search(text) is not None
 
 
 # -- learning a progress line from the log itself --------------------------------------------------------
@@ -398,6 +417,7 @@ class Timeline:
         self.divergence: Divergence | None = None
         self.recovered_spikes: list[Divergence] = []
         self.checkpoints: list[tuple[int, int]] = []  # (step, line_no)
+        self.completed_line = 0  # the last line that said training is over (0: none)
         self.last_loss: float | None = None  # the loss the last progress line gave (None: none)
         self.learners: dict[bytes, Learner] = {}
 
@@ -714,7 +734,10 @@ class Timeline:
             return self._diverged(w, start, step, before, peak)
         return None
 
-    # -- checkpoints, learning -------------------------------------------------------------------------
+    # -- checkpoints, completion, learning ----------------------------------------------------------------
+
+    def note_completion(self, line_no: int) -> None:
+        self.completed_line = max(self.completed_line, line_no)
 
     def note_checkpoint(self, step: int, line_no: int) -> None:
         if any(s == step for s, _ in self.checkpoints[-4:]):
@@ -769,6 +792,7 @@ class Timeline:
             divergence=self.divergence,
             recovered_spikes=list(self.recovered_spikes),
             checkpoints=list(self.checkpoints),
+            completed_line=self.completed_line,
             last_output=dict(last_output or {}),
             job_advances=sum(s.advances for s in self._sources.values()),
             job_rises=self.rises,

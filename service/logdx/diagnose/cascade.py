@@ -73,7 +73,7 @@ class Diagnoser:
         exit_code: int | None = None,
     ) -> Diagnosis:
         t0 = time.perf_counter()
-        outcome = find_root_cause(events, summary, templates, self.rules, exited_ok=exit_code == 0)
+        outcome = find_root_cause(events, summary, templates, self.rules, exit_code=exit_code)
         stage_ms = {"rules": _ms_since(t0)}
         diagnosis = self._diagnose(outcome, summary, templates, exit_code, stage_ms)
         diagnosis.recovered = [_recovered(f) for f in outcome.recovered]

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from logdx.diagnose.life import first_stopped
+from logdx.diagnose.life import stopped_by_output, stopped_by_progress
 from logdx.hosts import clean_hostname
 from logdx.model import FT, Attribution, CompressionSummary, Event, EventKind, Role
 from logdx.patterns import pci_key
@@ -27,7 +28,7 @@ from logdx.patterns import pci_key
 if TYPE_CHECKING:
     from logdx.diagnose.rootcause import Finding
 
-__all__ = ["HANG_BASES", "attribute", "blames_one_node"]
+__all__ = ["HANG_BASES", "HANG_OUTPUT_BASIS", "HangCulprit", "attribute", "blames_one_node", "hang_culprit"]
 
 # A job this small with no host name anywhere is one machine's log: the machine is blamed, unnamed.
 _SINGLE_NODE_MAX_RANKS = 8
@@ -219,29 +220,57 @@ def _why_no_host(winner: Finding, att: Attribution, summary: CompressionSummary)
 
 _MIN_WORLD_FOR_SILENT = 4
 _LAGGING = "the rank lagging in collective sequence numbers"
-_SILENT = "the rank that fell silent while the others timed out"
-# How a hang's culprit can be told (life.first_stopped says which of its own applied).
-HANG_BASES = frozenset({_LAGGING, _SILENT, "its training progress stopped before the other ranks'",
-                        "it fell silent while the other ranks went on"})
+_SILENT = "the silent rank, missing from the watchdogs' reports"
+_PROGRESS = "its training progress stopped before the other ranks'"
+_OUTPUT = HANG_OUTPUT_BASIS = "it fell silent while the other ranks went on"
+# How a hang's culprit can be told. The first three are independent observations of the rank; output
+# that stops says little alone (a rank may just have nothing to print) and corroborates nothing.
+HANG_BASES = frozenset({_LAGGING, _SILENT, _PROGRESS, _OUTPUT})
+_INDEPENDENT = (_LAGGING, _SILENT, _PROGRESS)
+_WAITED_FOR_LAG = 0.5  # the others waited in a collective: one logging interval behind them is behind
+
+
+@dataclass(slots=True)
+class HangCulprit:
+    """The rank(s) the others waited for, and which signals name them."""
+
+    attribution: Attribution
+    signals: list[str]  # the independent signals that name exactly these ranks (HANG_BASES)
+
+
+def hang_culprit(findings: Sequence[Finding], summary: CompressionSummary) -> HangCulprit:
+    """Each signal names its ranks; the ranks named by most independent signals are the culprit, and
+    two that agree corroborate it (enough to name its node for a cordon). Output that stopped first
+    names a culprit only when no independent signal names any."""
+    reporting: set[int] = set()
+    seq_by_rank: dict[int, int] = {}
+    for f in findings:
+        if f.hit.role == Role.SYMPTOM:
+            reporting |= f.ranks
+            seq_by_rank.update(f.seq_by_rank)
+    progress = stopped_by_progress(summary, min_lag=_WAITED_FOR_LAG)
+    named = {_LAGGING: _lagging(seq_by_rank), _SILENT: _silent(reporting, summary),
+             _PROGRESS: progress.ranks if progress is not None else []}
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for basis in _INDEPENDENT:
+        if named[basis]:
+            groups.setdefault(tuple(named[basis]), []).append(basis)
+    if groups:
+        ranks, signals = max(groups.items(), key=lambda kv: len(kv[1]))  # ties: the first signal's (in order)
+    elif (output := stopped_by_output(summary)) is not None:
+        ranks, signals = tuple(output.ranks), [_OUTPUT]
+    else:
+        return HangCulprit(Attribution(single_node=_one_unnamed_machine(summary),
+                                       notes=["only symptoms, and no silent or lagging rank to point at"]), [])
+    hosts = sorted({h for r in ranks if r in summary.rank_hosts if (h := clean_hostname(summary.rank_hosts[r]))})
+    corroborated = len([b for b in signals if b in _INDEPENDENT]) >= 2
+    notes = [] if corroborated else [f"one signal only ({signals[0]}): the rank is named, its node not blamed"]
+    return HangCulprit(Attribution(hosts=hosts, ranks=list(ranks), basis="; ".join(signals), corroborated=corroborated,
+                                   notes=notes), signals)
 
 
 def _silent_or_lagging(findings: Sequence[Finding], summary: CompressionSummary) -> Attribution:
-    symptoms = [f for f in findings if f.hit.role == Role.SYMPTOM]
-    reporting: set[int] = set()
-    seq_by_rank: dict[int, int] = {}
-    for f in symptoms:
-        reporting |= f.ranks
-        seq_by_rank.update(f.seq_by_rank)
-    ranks, basis = _lagging(seq_by_rank), _LAGGING
-    if not ranks and (stopped := first_stopped(summary)) is not None:
-        ranks, basis = stopped.ranks, stopped.basis
-    if not ranks:
-        ranks, basis = _silent(reporting, summary), _SILENT
-    if not ranks:
-        return Attribution(single_node=_one_unnamed_machine(summary),
-                           notes=["only symptoms, and no silent or lagging rank to point at"])
-    hosts = sorted({h for r in ranks if r in summary.rank_hosts if (h := clean_hostname(summary.rank_hosts[r]))})
-    return Attribution(hosts=hosts, ranks=ranks, basis=basis, corroborated=True)
+    return hang_culprit(findings, summary).attribution
 
 
 def _silent(reporting: set[int], summary: CompressionSummary) -> list[int]:

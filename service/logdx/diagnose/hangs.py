@@ -27,8 +27,8 @@ from logdx.model import FT, Event, EventKind, Frame, Label, Record, Role, Severi
 from logdx.stacks import frame_owner
 from logdx.taxonomy import category_of, make_label, module_of_path
 
-__all__ = ["HANG_TYPES", "Minority", "fr_hit", "hang_label", "in_collective", "minority_hit", "silent_rank_label",
-           "stack_minority"]
+__all__ = ["HANG_TYPES", "Minority", "fr_hit", "hang_label", "in_collective", "minority_hit", "silent_rank_hint",
+           "silent_rank_label", "stack_minority"]
 
 HANG_TYPES = frozenset({FT.HANG, FT.FRAMEWORK_HANG, FT.SCRIPT_HANG})
 # Functions a process waits in when it is inside a collective (or waiting for the GPU to finish one).
@@ -209,6 +209,15 @@ def _line_naming(ev: Event, frame: Frame | None) -> Record | None:
         if frame.path in rec.text and (frame.function or "") in rec.text:
             return rec
     return None
+
+
+def silent_rank_hint(hosts: list[str]) -> str:
+    """What to do about a hang whose culprit is the rank that went quiet."""
+    if len(hosts) == 1:
+        return (f"The job waited for a rank on {hosts[0]} that stopped: restart without {hosts[0]} and check its GPU, "
+                "NIC and kernel log (dmesg, Xid); py-spy dump of that rank shows where it sits if it hangs again.")
+    return ("The job waited for a rank that stopped: restart from the last checkpoint; if it hangs again, dump every "
+            "rank's stack (py-spy dump) and set TORCH_NCCL_TRACE_BUFFER_SIZE to find the one outside the collective.")
 
 
 def silent_rank_label() -> Label:

@@ -27,7 +27,8 @@ from logdx.model import (
     StoppedFirst,
 )
 
-__all__ = ["Stop", "first_stopped", "is_warning", "ran_to_completion", "stop_of", "went_on_after"]
+__all__ = ["Stop", "ends_its_process", "first_stopped", "is_warning", "ran_to_completion", "said_it_completed", "stop_of", "stopped_by_output",
+           "stopped_by_progress", "went_on_after"]
 
 # The job, or the rank, advanced this many times after an event: it went on. One is not enough: a step
 # already in flight when a rank died can still be printed by the others (a collective needs everyone
@@ -71,6 +72,11 @@ _OWN_LINES_AFTER = 20
 _JOB_LINES_AFTER = 100
 
 
+def ends_its_process(event: Event) -> bool:
+    """By its nature the event can end what printed it: a terminal kind, or an exception raised."""
+    return event.kind in _TERMINAL_KINDS or bool(event.exception_type)
+
+
 def went_on_after(event: Event, summary: CompressionSummary, *, at_least: int = MIN_ADVANCES) -> bool:
     """The rank that printed the event (when it prints progress of its own), else the whole job,
     advanced `at_least` times after it; or, for an event that does not end its process by nature, the
@@ -80,7 +86,7 @@ def went_on_after(event: Event, summary: CompressionSummary, *, at_least: int = 
         return False
     if _advanced_after(event, summary, mark, at_least):
         return True
-    if event.kind in _TERMINAL_KINDS or event.exception_type or not is_warning(event):
+    if ends_its_process(event) or not is_warning(event):
         return False  # only what the program itself says it goes on after (a warning, a retry)
     # Only where training says nothing: once the job makes progress after an event, its progress
     # decides (the steps in flight when a rank died are printed by the others).
@@ -102,10 +108,14 @@ def _advanced_after(event: Event, summary: CompressionSummary, mark: ProgressMar
     progress = summary.progress
     own = _source(progress, event.anchor.source_key) if event.anchor.source_key != "-" else None
     if own is not None and own.advances >= MIN_ADVANCES:  # a loop of its own (not one summary line)
+        # Its own counter rising again after the event is the rank going on, whatever its numbers read
+        # (a source whose lines give a step on some and an epoch on others has no one step series).
+        if own.advances - mark.source_advances >= at_least:
+            return True
         if own.last_step is not None and own.step_delta:
             before = mark.source_step if mark.source_step is not None else own.first_step
             return before is not None and own.last_step - before >= at_least * own.step_delta * 0.999
-        return own.advances - mark.source_advances >= at_least
+        return False
     if progress.last_step is not None:
         # Many ranks print the same step: the job's highest step must have moved on, not more ranks
         # printed it.
@@ -133,6 +143,13 @@ def stop_of(progress: ProgressSummary) -> Stop | None:
     return Stop(step=progress.last_step, line_no=progress.last_line, ts=progress.last_ts)
 
 
+def said_it_completed(progress: ProgressSummary) -> bool:
+    """After its last step, the run said its training is over ("Training completed", the trainer's final
+    metrics). Said earlier, it was about something else: Lightning's batch-size finder runs a fit of three
+    steps ("`Trainer.fit` stopped: `max_steps=3` reached.") before the real one."""
+    return progress.completed_line > progress.last_line
+
+
 def ran_to_completion(progress: ProgressSummary, totals: dict[str, float] | None = None) -> bool:
     """Progress reached the total it announced ("iteration 100000/100000", a bar at 1000/1000)."""
     if not totals or progress.last_step is None:
@@ -143,14 +160,18 @@ def ran_to_completion(progress: ProgressSummary, totals: dict[str, float] | None
 def first_stopped(summary: CompressionSummary) -> StoppedFirst | None:
     """By progress when several ranks print it (the laggards), else by output (ranks that printed
     during training and fell silent while the job went on, or while the others reported the cascade)."""
-    return _by_progress(summary) or _by_output(summary)
+    return stopped_by_progress(summary) or stopped_by_output(summary)
 
 
 def _minority(n: int, of: int) -> bool:
     return 0 < n <= max(1, of // 8)
 
 
-def _by_progress(summary: CompressionSummary) -> StoppedFirst | None:
+def stopped_by_progress(summary: CompressionSummary, *, min_lag: float = 1.5) -> StoppedFirst | None:
+    """The few ranks whose training progress ended before the others' (by step, else by time), at least
+    `min_lag` logging intervals behind. One step behind is, at the end of most logs, only the order in
+    which ranks print the same step; once the others are known to have waited for someone in a
+    collective, the one that did not print the step they all finished stopped first."""
     ranked = [s for s in summary.progress.sources if s.rank is not None and s.advances >= MIN_ADVANCES]
     if len(ranked) < 2:
         return None
@@ -158,9 +179,12 @@ def _by_progress(summary: CompressionSummary) -> StoppedFirst | None:
     if len(steps) == len(ranked) and len(set(steps)) > 1:
         top = max(steps)
         behind = [s for s in ranked if s.last_step is not None and s.last_step < top]
-        # One step behind is only the order in which ranks print the same step.
         per = _step_per_advance(ranked)
-        behind = [s for s in behind if s.last_step is not None and top - s.last_step > 1.5 * per]
+        behind = [s for s in behind if s.last_step is not None and top - s.last_step > min_lag * per]
+        # A rank still printing after most of the leaders' last lines has not stopped first (its last line
+        # is a summary of an earlier step: the logging rank's "[step N] global loss" after step N+1).
+        leaders = sorted(s.last_line for s in ranked if s.last_step == top)
+        behind = [s for s in behind if s.last_line < leaders[len(leaders) // 2]]
     else:
         behind = _behind_in_time(ranked, summary)
     if not _minority(len(behind), len(ranked)):
@@ -169,6 +193,11 @@ def _by_progress(summary: CompressionSummary) -> StoppedFirst | None:
 
 
 def _step_per_advance(sources: list[SourceProgress]) -> float:
+    """The logging interval in steps: the sources' own (the smallest step between two of their progress
+    lines), else estimated from how often their counters rose (which the fast path may undercount)."""
+    own = sorted(s.step_delta for s in sources if s.step_delta)
+    if own:
+        return own[len(own) // 2]
     deltas = [(s.last_step - s.first_step) / s.advances for s in sources
               if s.last_step is not None and s.first_step is not None and s.advances]
     return sorted(deltas)[len(deltas) // 2] if deltas else 1.0
@@ -182,7 +211,8 @@ def _behind_in_time(ranked: list[SourceProgress], summary: CompressionSummary) -
     return [s for s in ranked if s.last_ts is not None and top - s.last_ts > 3 * interval]
 
 
-def _by_output(summary: CompressionSummary) -> StoppedFirst | None:
+def stopped_by_output(summary: CompressionSummary) -> StoppedFirst | None:
+    """The few ranks that printed during training and fell silent before the job's progress ended."""
     progress = summary.progress
     if progress.lines == 0:
         return None

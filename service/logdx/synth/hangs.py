@@ -20,8 +20,10 @@ Silent rank (``silent_rank_hang``)
     Watchdog lines are torch's (``Watchdog caught collective operation timeout: WorkNCCL(SeqNum=...``,
     ``Exception (either an error or timeout) detected by watchdog at work: N, last enqueued NCCL work: N,
     last completed NCCL work: N-1``; cascade.py), then the launchers' reaction.
-    Label: ``infrastructure`` / ``hang`` / ``restart`` (nothing names code to blame; the node is only
-    excluded when its host is named and corroborated, which a silence alone never is).
+    Label: ``infrastructure`` / ``hang`` / ``restart`` (nothing names code to blame); ``cordon_and_restart``
+    when the culprit's host is named and two independent signals name it: the watchdogs' reports (absent or
+    lower) and its own progress lines stopping first (``gap``, on a flavour that prints a line per rank and
+    a style whose prefixes carry the rank). One signal alone never excludes a node.
 
 Stack dumps (``stack_hang``)
     Every process prints its Python stacks into the log: ``dumper="py-spy"`` (a hang watchdog in the job
@@ -67,6 +69,7 @@ WHERE = {  # where the culprit sits -> (category, failure type, action)
     "user": (Category.SCRIPT, FT.SCRIPT_HANG, Action.NO_RESTART),
 }
 SILENT_LABEL = (Category.INFRASTRUCTURE, FT.HANG, Action.RESTART)
+CORROBORATED_LABEL = (Category.INFRASTRUCTURE, FT.HANG, Action.CORDON_AND_RESTART)
 _WATCHDOG = re.compile(r"Watchdog caught collective operation timeout")
 
 
@@ -168,7 +171,12 @@ def silent_rank_hang(out: TextIO, *, seed: int, flavour: str, style: str, ranks:
     variant = {"report": report, "gap": gap, "nccl_debug": nccl_debug, "seq": seq, "culprit": culprit}
     # a culprit that dies of its own watchdog is named with its host by torchrun's failure box and by mpirun
     names_it = report == "lower" and job.style.launcher in ("torchrun", "mpirun")
-    return _finish_truth(job, families, "silent_hang", SILENT_LABEL, 1, root_nos, culprit, launcher_names_it=names_it,
+    # Two independent signals name the culprit when, besides the watchdogs' reports (absent, or lower), its
+    # own progress lines show it stopping a step before the others (a gap, on lines that carry its rank):
+    # then its node, when the log names it, is cordoned (README "Safety model"); one signal restarts.
+    two_signals = gap and job.flavour.per_rank_lines and job.style.carries_rank
+    label = CORROBORATED_LABEL if two_signals and host_named(job, culprit, launcher_names_it=names_it) else SILENT_LABEL
+    return _finish_truth(job, families, "silent_hang", label, 1, root_nos, culprit, launcher_names_it=names_it,
                          seed=seed, variant=variant)
 
 

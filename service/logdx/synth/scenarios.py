@@ -606,7 +606,8 @@ REGISTRY: dict[str, Scenario] = {
         Scenario("node_lost", "one host goes silent; c10d errors, Slurm NODE FAILURE (or pdsh ssh 255)", _I,
                  FT.NODE_FAILURE, _CR, node_lost, min_hosts=2),
         Scenario("nccl_hang", "symptoms only: all ranks but one time out on the same SeqNum: a hang whose silent "
-                 "rank, named by its own NCCL lines, is the culprit", _I, FT.HANG, _CR, nccl_hang),
+                 "rank, named by its own NCCL lines, is the culprit; one signal (the watchdogs' reports) names it, "
+                 "so its node is not cordoned: a restart", _I, FT.HANG, _R, nccl_hang),
         Scenario("s3_timeout", "botocore ReadTimeoutError reading a shard or uploading a checkpoint", _I,
                  FT.STORAGE_ERROR, _R, s3_timeout),
         Scenario(FT.DISK_FULL, "OSError: [Errno 28] No space left on device while saving a checkpoint", _I,

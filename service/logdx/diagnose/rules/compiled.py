@@ -93,6 +93,7 @@ class Rule:
     literals: frozenset[str] | None = None
     example_lines: tuple[int, ...] = ()
     counterexample_lines: tuple[int, ...] = ()
+    cleared_by: tuple[re.Pattern[str], ...] = ()  # a later line of the same host saying the condition cleared
 
     def where(self) -> str:
         return f"{self.file}:{self.line}: rule '{self.id}'"

@@ -395,6 +395,7 @@ def _compile_rule(
     m = spec.match
     patterns, unless = _match_regexes(m, where, problems)
     _check_match_names(m, where, problems)
+    cleared = [c for i, src in enumerate(spec.cleared_by) if (c := _compile_regex(src, where("cleared_by", i), problems))]
     hint_err = hint_problem(spec.hint)
     if hint_err:
         problems.append(f"{where('hint')}: {hint_err}")
@@ -413,6 +414,7 @@ def _compile_rule(
         kinds=tuple(EventKind(k) for k in m.kinds) if m.kinds is not None else None,
         exceptions=frozenset(m.exceptions) if m.exceptions is not None else None,
         unless=tuple(unless),
+        cleared_by=tuple(cleared),
         hint=spec.hint,
         examples=tuple(spec.examples),
         counterexamples=tuple(spec.counterexamples),

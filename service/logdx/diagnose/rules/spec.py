@@ -58,6 +58,9 @@ class RuleSpec(BaseModel):
     severity: _Severity = Severity.MEDIUM
     confidence: Annotated[float, Field(ge=0.0, le=1.0, strict=False)]
     match: MatchSpec
+    # Lines that say the condition cleared (an IB port active again): one from the same host after the
+    # event makes the event one the job recovered from.
+    cleared_by: list[_NonEmpty] = []
     hint: str = ""
     examples: list[str] = []
     counterexamples: list[str] = []
