@@ -510,7 +510,7 @@ def test_embedded_vote_is_a_distribution_over_the_candidates(scorer):
     assert sum(s for _, s in vote.scores) == pytest.approx(1.0, abs=1e-3)
     assert [s for _, s in vote.scores] == sorted((s for _, s in vote.scores), reverse=True)
     assert ("infrastructure", "ecc_error") in {(lab.category.value, lab.failure_type) for lab, _ in vote.scores}
-    assert vote.explanation.startswith("Most likely ")
+    assert vote.explanation.startswith("Most likely: ")
     assert vote.evidence[0].source == "llm:embedded"
     assert scorer.vote(ECC_CTX, prior_votes=[rules], examples=EXAMPLES).scores == vote.scores  # deterministic
 
