@@ -496,7 +496,9 @@ def open_input(path: str | Path) -> BinaryIO:
     """Open a file, `-` for stdin, transparently gunzipping `.gz` (detected by magic bytes)."""
     if str(path) == "-":
         stream: BinaryIO = sys.stdin.buffer
-        return _maybe_gunzip(io.BufferedReader(stream, _READ_CHUNK) if not hasattr(stream, "peek") else stream)
+        # typeshed's BinaryIO has no readinto, which BufferedReader wants (stdin's buffer has it)
+        return _maybe_gunzip(io.BufferedReader(stream, _READ_CHUNK)  # type: ignore[type-var]
+                             if not hasattr(stream, "peek") else stream)
     p = Path(path)
     if p.is_dir():
         raise InputError(f"{p} is a directory, not a log file")

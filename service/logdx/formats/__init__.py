@@ -114,7 +114,7 @@ def _sniff_json(head: bytes) -> Format:
 class Sniffing:
     """Holds the first bytes until they tell which format this is, then hands everything to it."""
 
-    def __init__(self, pick: callable, meta: Meta) -> None:  # type: ignore[valid-type]
+    def __init__(self, pick: Callable[[bytes], Format], meta: Meta) -> None:
         self.pick = pick
         self.meta = meta
         self.format: Format | None = None
@@ -131,8 +131,9 @@ class Sniffing:
 
     def finish(self) -> Batch:
         if self._parser is None:
-            batch = self._start().feed(self._take())
-            return batch.merge(self._parser.finish())  # type: ignore[union-attr]
+            parser = self._start()
+            batch = parser.feed(self._take())
+            return batch.merge(parser.finish())
         return self._parser.finish()
 
     def _take(self) -> bytes:

@@ -24,7 +24,7 @@ import cramjam
 try:  # Python 3.14's compression.zstd, or its backport
     from compression import zstd  # type: ignore[import-not-found]
 except ImportError:  # pragma: no cover - depends on the Python version
-    from backports import zstd  # type: ignore[no-redef]
+    from backports import zstd
 
 ENCODINGS = ("gzip", "deflate", "zstd", "snappy", "x-snappy-framed")
 _ALIASES = {"x-gzip": "gzip", "zlib": "deflate", "x-zstd": "zstd"}

@@ -112,6 +112,7 @@ def add_log(body: Any, attrs: dict[str, Any], ts: float | None, meta: Meta, batc
     job = routed_job(message, attrs, meta, batch)
     if job is None:
         return
+    assert message is not None  # routed_job gives a job only for a string
     stream = attrs.get("log.iostream")
     if stream in ("stdout", "stderr"):
         attrs = {**attrs, "stream": stream}

@@ -21,7 +21,7 @@ def _malformed(what: str, pos: int) -> FormatError:
     return FormatError("bad", "malformed_protobuf", f"not a valid {what}: broken field at byte {pos}")
 
 
-def varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+def varint(buf: bytes | bytearray, pos: int, end: int) -> tuple[int, int]:
     """The varint at `pos` and the position after it."""
     if pos >= end:
         raise IndexError
@@ -42,7 +42,7 @@ def varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
     raise IndexError
 
 
-def fields(buf: bytes, start: int, end: int, what: str) -> Iterator[tuple[int, int, int, int]]:
+def fields(buf: bytes | bytearray, start: int, end: int, what: str) -> Iterator[tuple[int, int, int, int]]:
     """The fields of the message in `buf[start:end]`: (number, wire type, a, b). For a
     length-delimited field `buf[a:b]` is its value; for a varint `a` is the value; fixed-width
     values are skipped (a, b = their span)."""
@@ -75,7 +75,7 @@ def fields(buf: bytes, start: int, end: int, what: str) -> Iterator[tuple[int, i
         raise _malformed(what, pos) from None
 
 
-def spans(buf: bytes, start: int, end: int, number: int, what: str) -> Iterator[tuple[int, int]]:
+def spans(buf: bytes | bytearray, start: int, end: int, number: int, what: str) -> Iterator[tuple[int, int]]:
     """The values of the length-delimited field `number` (a repeated message), in order."""
     for n, wire, a, b in fields(buf, start, end, what):
         if n == number:

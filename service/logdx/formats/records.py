@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from logdx.formats import cri
 from logdx.formats.base import Batch, Format, FormatError, Meta
@@ -31,6 +31,7 @@ def add_record(rec: Mapping[str, Any], meta: Meta, batch: Batch, ts: float | Non
     job = routed_job(message, rec, meta, batch)
     if job is None:
         return
+    assert message is not None  # routed_job gives a job only for a string
     source = source_of(rec, meta, ts)
     lines = split_message(message, meta.cap)
     if len(lines) == 1 and (part := cri.unwrap(lines[0])) is not None and not part.partial:
@@ -83,7 +84,7 @@ class RecordsParser:
         buf, n = self._buf, len(self._buf)
         while True:
             if self._start is None:
-                self._pos = _WS.match(buf, self._pos).end()
+                self._pos = cast("re.Match[bytes]", _WS.match(buf, self._pos)).end()  # `*`: always matches
                 if self._pos >= n:
                     return
                 c = buf[self._pos]
@@ -133,7 +134,7 @@ class RecordsParser:
         pos = self._pos
         while pos < n:
             if self._in_str:
-                pos = _STR_BODY.match(buf, pos).end()
+                pos = cast("re.Match[bytes]", _STR_BODY.match(buf, pos)).end()  # `*`: always matches
                 if pos >= n or buf[pos] != 0x22:  # ends inside the string (or on a lone backslash)
                     self._pos = pos
                     return False
