@@ -172,9 +172,9 @@ def _findings(g: _Group, dumped: dict[int, RankTrace], known_ranks: set[int]) ->
     if not reached:
         return f
     seq = f.seq = _stuck_seq(g, last)
-    at_seq = {r: g.by_seq[r][seq] for r in have if last[r] is not None and last[r] >= seq and seq in g.by_seq[r]}
+    at_seq = {r: g.by_seq[r][seq] for r in have if (lr := last[r]) is not None and lr >= seq and seq in g.by_seq[r]}
     if not at_seq:  # numbering with holes (no dump torch wrote has them): report the ranks behind
-        f.missing_ranks = tuple(r for r in have if last[r] is None or last[r] < seq)
+        f.missing_ranks = tuple(r for r in have if (lr := last[r]) is None or lr < seq)
         return f
     sigs = Counter(_signature(es) for es in at_seq.values())
     common = sigs.most_common(1)[0][0]
@@ -182,7 +182,7 @@ def _findings(g: _Group, dumped: dict[int, RankTrace], known_ranks: set[int]) ->
     f.stuck_op = _op_label(sample)
     f.input_sizes, f.output_sizes = sample[0].input_sizes, sample[0].output_sizes
     f.stack = sample[-1].frames or sample[0].frames
-    f.missing_ranks = tuple(r for r in have if last[r] is None or last[r] < seq)
+    f.missing_ranks = tuple(r for r in have if (lr := last[r]) is None or lr < seq)
     # Nobody completes a collective a member never entered: with a rank missing, every rank in it
     # waits (gloo retires a collective that failed on a timeout as if it had finished).
     f.waiting_ranks = tuple(r for r, es in at_seq.items() if f.missing_ranks or not all(e.done for e in es))

@@ -108,7 +108,8 @@ class FakeJob:
         for r in self.pgs[pg].ranks:
             if r in skipped:
                 continue
-            o = dict(op=op, sizes=sizes, out_sizes=out_sizes if out_sizes is not None else sizes, dtype=dtype)
+            o: dict[str, Any] = dict(op=op, sizes=sizes,
+ out_sizes=out_sizes if out_sizes is not None else sizes, dtype=dtype)
             o.update((by_rank or {}).get(r, {}))
             rs = self.ranks[r]
             rpg = rs.pgs[pg]

@@ -163,7 +163,8 @@ def _epoch(year: int, month: int, day: int, hh: int, mm: int, ss: int, frac: str
 def line_time(line: str, year: int) -> float | None:
     """The epoch of the first recognised timestamp in ``line`` (``year`` for year-less stamps)."""
     if m := _ISO.search(line):
-        return _epoch(*(int(g) for g in m.groups()[:6]), m.group(7))
+        y, mo, d, hh, mi, ss = (int(g) for g in m.groups()[:6])
+        return _epoch(y, mo, d, hh, mi, ss, m.group(7))
     if m := _CTIME.search(line):
         return _epoch(int(m.group(6)), _MONTHS[m.group(1)], int(m.group(2)), int(m.group(3)), int(m.group(4)),
                       int(m.group(5)))
@@ -371,8 +372,8 @@ def bury(
             if slow and not line.strip():
                 gap += rng.uniform(0.0, 2.0)
             t_prev = p.tick(gap)
-        if anchor is not None and stamps[i] is not None and 0.0 <= stamps[i] - anchor <= _MAX_STAMP_SPAN_S:
-            p.t = t_prev = max(t_prev, t0 + stamps[i] - anchor)
+        if anchor is not None and (stamp := stamps[i]) is not None and 0.0 <= stamp - anchor <= _MAX_STAMP_SPAN_S:
+            p.t = t_prev = max(t_prev, t0 + stamp - anchor)
         prefix = {RANK: job.prefixes[culprit_rank], PREFIXED: _outer_prefix(job, culprit_rank),
                   AGENT: job.agent_prefixes[c.host_index(culprit_rank)], BARE: ""}[kind]
         prefixes[i] = prefix
@@ -533,10 +534,10 @@ def main(argv: list[str] | None = None) -> int:
     kwargs = dict(seed=args.seed, ranks=args.ranks, lines=args.lines, style=args.style,
                   culprit_rank=args.culprit_rank, prefix_real=not args.bare, cascade=not args.no_cascade)
     if args.output == "-":
-        truth = bury(real, sys.stdout, **kwargs)  # type: ignore[arg-type]
+        truth = bury(real, sys.stdout, **kwargs)
     else:
         with open(args.output, "w", encoding="utf-8", errors="surrogateescape", newline="") as out:
-            truth = bury(real, out, **kwargs)  # type: ignore[arg-type]
+            truth = bury(real, out, **kwargs)
     if args.truth:
         with open(args.truth, "w", encoding="utf-8") as f:
             json.dump(truth.to_dict(), f, indent=2)

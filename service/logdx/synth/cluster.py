@@ -78,7 +78,7 @@ def make_cluster(rng: Random, world_size: int, gpus_per_host: int) -> Cluster:
     hosts = tuple(pattern.format(n) for n in numbers)
     subnet = rng.randrange(1, 250)
     ips = tuple(f"10.{subnet}.{n // 200}.{n % 200 + 10}" for n in numbers)
-    buses = _BUS_NUMBERS[gpu_model]
+    buses: tuple[str, ...] = _BUS_NUMBERS[gpu_model]
     if gpus_per_host > len(buses):  # exotic boxes: invent further distinct bus numbers
         extra = [f"{b:02x}" for b in range(0x10, 0xFF) if f"{b:02x}" not in buses]
         buses = buses + tuple(sorted(rng.sample(extra, gpus_per_host - len(buses))))

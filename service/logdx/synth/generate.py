@@ -134,21 +134,21 @@ def make_job(out: TextIO, *, name: str, seed: int, ranks: int, gpus_per_host: in
     style_name, flavour_name = style, flavour
     rng = Random(f"logdx-synth:{seed}:{name}")
     cluster = make_cluster(rng, ranks, gpus_per_host)
-    style = STYLES[style_name]
+    job_style = STYLES[style_name]
     if flavour_name == "auto":
-        flavour_name = "deepspeed" if style.launcher == "deepspeed" else rng.choice(AUTO_FLAVOURS)
-    flavour = FLAVOURS[flavour_name](rng, cluster)
-    slurm = style.name.startswith("srun") or (style.launcher == "torchrun" and not style.name.startswith("pdsh")
-                                              and rng.random() < 0.5)
-    if name == "node_lost" and not style.name.startswith("pdsh"):
+        flavour_name = "deepspeed" if job_style.launcher == "deepspeed" else rng.choice(AUTO_FLAVOURS)
+    job_flavour = FLAVOURS[flavour_name](rng, cluster)
+    slurm = job_style.name.startswith("srun") or (job_style.launcher == "torchrun"
+                                                  and not job_style.name.startswith("pdsh") and rng.random() < 0.5)
+    if name == "node_lost" and not job_style.name.startswith("pdsh"):
         slurm = True  # a lost node is reported by Slurm (pdsh jobs see ssh die instead)
-    est_steps = max(10, lines // ((ranks + 2) if flavour.per_rank_lines else 2))
+    est_steps = max(10, lines // ((ranks + 2) if job_flavour.per_rank_lines else 2))
     ckpt_every = max(4, est_steps // rng.randint(4, 10))
     job = Job(
         rng=rng,
         cluster=cluster,
-        style=style,
-        flavour=flavour,
+        style=job_style,
+        flavour=job_flavour,
         sink=LineSink(out),
         clock=Clock(),
         noise=noise,
@@ -164,8 +164,8 @@ def make_job(out: TextIO, *, name: str, seed: int, ranks: int, gpus_per_host: in
         start_iteration=rng.choice((0, 0, rng.randrange(1, 200) * 1000)),
     )
     job.iteration = job.start_iteration
-    job.prefixes = style.rank_prefixes(cluster)
-    job.agent_prefixes = style.agent_prefixes(cluster)
+    job.prefixes = job_style.rank_prefixes(cluster)
+    job.agent_prefixes = job_style.agent_prefixes(cluster)
     job.skew = [rng.uniform(-0.05, 0.05) for _ in range(ranks)]
     job.nccl_tids = list(cluster.worker_pids)  # NCCL's main thread is the process's main thread
     return job
