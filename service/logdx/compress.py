@@ -17,6 +17,7 @@ import re
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import hostlist
 from drain3.drain import Drain, LogCluster, Node
@@ -104,7 +105,7 @@ _HOSTLIST_PART = re.compile(r"(?:[^,\[]|\[[^\]]*\])+")  # a comma inside bracket
 _NCCL_COMM = re.compile(r"NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nr?[Rr]anks \d+ cudaDev (\d+)(?: nvmlDev \d+)? busId ([0-9a-fA-F]+)")
 
 
-def _setting(name: str) -> object:
+def _setting(name: str) -> Any:
     """The default of a knob that is also a setting: declared once, in config.CompressSettings."""
     return CompressSettings.model_fields[name].default
 
@@ -363,6 +364,7 @@ class Compressor:
         if shape is None:
             shape = self._new_shape(key, MASK.sub(PARAM, text), text)
         stats = shape.stats
+        assert stats is not None  # _new_shape sets it
         line_no = rec.line_no
         stats.count += 1
         stats.last_line = line_no

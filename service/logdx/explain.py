@@ -178,7 +178,7 @@ def _v(value: object) -> str:
 def run_pack_tests(settings: Settings, rules: RuleSet) -> list[str]:
     """Every pack test through the real pipeline: one problem a line ("file:line: test 'name': what")."""
     engine = Engine.for_rules(settings, rules)
-    problems = []
+    problems: list[str] = []
     for test in rules.tests:
         ex = explain_lines(engine, test.lines)
         problems.extend(f"{test.where()}: {p}" for p in _test_problems(test, ex, rules))
@@ -186,7 +186,8 @@ def run_pack_tests(settings: Settings, rules: RuleSet) -> list[str]:
 
 
 def _test_problems(test: PackTest, ex: Explanation, rules: RuleSet) -> list[str]:
-    out = []
+    out: list[str] = []
+    line: int | None
     for line, fields in test.records:
         rec = ex.lines[line - 1].record
         out.extend(f"line {line}: the normaliser gave {name}={getattr(rec, name)!r}, expected {want!r}"

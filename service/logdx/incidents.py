@@ -15,6 +15,7 @@ mask alike. ``IncidentStore(masker=...)`` can override it.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import time
@@ -299,7 +300,8 @@ class IncidentStore:
         source: str | None = None,
         limit: int | None = None,
     ) -> list[Incident]:
-        where, params = [], []
+        where: list[str] = []
+        params: list[object] = []
         for col, val in (("category", category), ("failure_type", failure_type), ("source", source)):
             if val is not None:
                 where.append(f"{col} = ?")
@@ -467,7 +469,8 @@ class IncidentStore:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _context_of(self, report: dict[str, Any], ctx: dict[str, Any] | None) -> tuple[str, str, list[str]]:
+    # builtins.list: in this class `list` names the method above.
+    def _context_of(self, report: dict[str, Any], ctx: dict[str, Any] | None) -> tuple[str, str, builtins.list[str]]:
         root = report.get("root_cause") or {}
         root_line = str((ctx or {}).get("root_text") or root.get("text") or "").strip()
         if not root_line:

@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from logdx import __version__
 from logdx.act.report import Report, build_report
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 from logdx.normalize import InputError, Normalizer, Source, iter_lines, open_input
 
 if TYPE_CHECKING:
+    from logdx.diagnose.retrieval import Retriever
     from logdx.incidents import IncidentStore
 
 
@@ -72,14 +73,15 @@ class Engine:
             from logdx.store import open_db
 
             incidents = IncidentStore(open_db(settings.store.location, settings.store.pool_size))
+        retriever: Retriever | None = None
         if settings.retrieval.enabled and incidents is not None:
             from logdx.diagnose.retrieval import Retriever
 
-            diagnoser.retrieval = Retriever(incidents, settings.retrieval)
+            diagnoser.retrieval = retriever = Retriever(incidents, settings.retrieval)
         if settings.llm.enabled:
             from logdx.diagnose.llm import make_llm
 
-            examples = diagnoser.retrieval.examples if diagnoser.retrieval is not None else None
+            examples = retriever.examples if retriever is not None else None
             diagnoser.llm = make_llm(settings.llm, examples=examples)
         engine = cls(settings=settings, rules=rules, diagnoser=diagnoser, incidents=incidents)
         if warm:
@@ -96,7 +98,8 @@ class Engine:
         """The models to load before the first diagnosis, in order: (stage, what loading it does,
         load() -> what it loaded). Loading is idempotent; a stage that has nothing to load is absent."""
         stages: list[tuple[str, str, Callable[[], str]]] = []
-        retrieval, llm = self.diagnoser.retrieval, self.diagnoser.llm
+        # The retrieval stage an engine loads is create()'s Retriever (the cascade needs only its search).
+        retrieval, llm = cast("Retriever | None", self.diagnoser.retrieval), self.diagnoser.llm
         if retrieval is not None:
             def load_retrieval() -> str:
                 retrieval.ensure_index()

@@ -80,7 +80,7 @@ if not any(isinstance(f, _Throttle) for f in _pool_log.filters):
     _pool_log.addFilter(_Throttle())
 
 
-class Row(dict):  # type: ignore[type-arg]
+class Row(dict):
     """A result row read by name (`row["node"]`) or position (`row[0]`), like sqlite3.Row."""
 
     def __getitem__(self, key: Any) -> Any:

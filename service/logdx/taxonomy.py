@@ -109,8 +109,8 @@ def load_taxonomy(path: Path = TAXONOMY_PATH) -> Taxonomy:
         raise TaxonomyError(f"{path}: cannot load: {e}") from None
     except ValidationError as e:
         err = e.errors()[0]
-        where = _line_of(text, [str(p) for p in err["loc"]])
-        raise TaxonomyError(f"{path}:{where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        line = _line_of(text, [str(p) for p in err["loc"]])
+        raise TaxonomyError(f"{path}:{line}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
     problems = []
     for name, t in spec.failure_types.items():
         where = f"{path}:{_line_of(text, ['failure_types', name])}"

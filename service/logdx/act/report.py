@@ -183,7 +183,7 @@ def _source_order(s: object) -> tuple[int, str]:
 def _divergence(x: Divergence | None) -> DivergenceBlock | None:
     if x is None:
         return None
-    return DivergenceBlock(kind=x.kind, step=x.step, line_no=x.line_no, loss_before=x.loss_before,  # type: ignore[arg-type]
+    return DivergenceBlock(kind=x.kind, step=x.step, line_no=x.line_no, loss_before=x.loss_before,
                            loss_after=x.loss_after, rollback_to_step=x.rollback_to_step)
 
 

@@ -15,7 +15,7 @@ from logdx.faces import EXIT_OK, UsageError, add_engine_args, settings_from
 __all__ = ["add_mcp_parser"]
 
 
-def add_mcp_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_mcp_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("mcp", help="serve logdx's tools to AI agents (Model Context Protocol, stdio or HTTP)",
                        description="Serve logdx to AI agents over the Model Context Protocol: diagnose, report, "
                                    "evidence, templates, nodes, search_incidents, jobs (read-only); with "

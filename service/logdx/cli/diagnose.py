@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from logdx.pipeline import Engine, Session
 
 
-def add_diagnose_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_diagnose_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("diagnose", help="diagnose a log file, or a job's files")
     add_diagnose_args(p)
     p.set_defaults(func=cmd_diagnose)

@@ -14,7 +14,7 @@ from logdx.taxonomy import KNOWN_CATEGORIES, LABEL_ACTIONS
 _CATEGORIES = [c.value for c in KNOWN_CATEGORIES]
 
 
-def add_incident_parsers(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:  # type: ignore[type-arg]
+def add_incident_parsers(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     inc = sub.add_parser("incidents", help="the knowledge base of past incidents")
     inc_sub = inc.add_subparsers(dest="incidents_command", parser_class=parser_class, metavar="SUBCOMMAND",
                                  required=True)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["add_node_parsers"]
 
 
-def add_node_parsers(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:  # type: ignore[type-arg]
+def add_node_parsers(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     nodes = sub.add_parser("nodes", help="nodes seen in job logs, what was blamed on them; uncordon")
     nodes.add_argument("--blamed", action="store_true", help="only nodes a diagnosis blamed")
     nodes.add_argument("--json", action="store_true", help="the list as JSON")

@@ -10,7 +10,7 @@ from pathlib import Path
 from logdx.faces import EXIT_FAILED, EXIT_OK, UsageError, add_config_arg, settings_from
 
 
-def add_tool_parsers(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:  # type: ignore[type-arg]
+def add_tool_parsers(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     rules = sub.add_parser("rules", help="work with rule packs")
     rules_sub = rules.add_subparsers(dest="rules_command", parser_class=parser_class, metavar="SUBCOMMAND",
                                      required=True)

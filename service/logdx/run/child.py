@@ -203,6 +203,7 @@ class AttemptRunner:
         w = self.watch
         rec = sess.last_progress
         if rec is not w.last_progress_rec:
+            assert rec is not None  # last_progress_rec starts None and sess.last_progress never returns to None
             with w.lock:
                 w.end_pause(now)  # training is back: whatever paused it is over
                 w.last_progress_rec = rec
@@ -338,6 +339,7 @@ class AttemptRunner:
             self.queue.put(("stdout", None, time.time()))
             self.queue.put(("stderr", None, time.time()))
         else:
+            assert self.proc is not None  # run() started it
             for pipe in (self.proc.stdout, self.proc.stderr):
                 if pipe is not None:
                     pipe.close()

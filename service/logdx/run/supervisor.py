@@ -75,7 +75,7 @@ class Supervisor:
             cur.signal_group(signal.SIGKILL if self._signal_count >= 3 else signum)
 
     def _install_signals(self) -> dict[int, Any]:
-        old = {}
+        old: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             return old
         for sig in _FORWARDED:

@@ -184,6 +184,7 @@ def _lanes(report: Report, rank_hosts: dict[int, str], events: list[ViewEvent]) 
             rows.setdefault(ev.rank, RankRow(rank=ev.rank))
         else:
             hosts.add(ev.host or _NO_HOST)
+    rank: int | None
     for rank in host_of:
         rows.setdefault(rank, RankRow(rank=rank))
     lanes: dict[str, HostLane] = {h: HostLane(host=h) for h in hosts}
@@ -210,6 +211,7 @@ def _context(events: Iterable[Event], report: Report) -> list[ContextLine]:
     ranks = report.culprits.ranks
     rank = rc.rank if rc.rank is not None else ranks[0] if len(ranks) == 1 else None
     near: dict[int, Record] = {}
+    rec: Record | None
     for ev in events:
         for rec in ev.lines or [ev.anchor]:
             if rec.line_no > 0 and _same_source(rec, rank, rc.host):
