@@ -101,8 +101,8 @@ class Diagnoser:
     def _cascade(self, outcome: RulesOutcome, diagnosis: Diagnosis) -> Diagnosis:
         ctx = outcome.context
         votes = [outcome.vote]
-        if self.catalog is not None:
-            self._consult("catalog", diagnosis, votes, lambda: self.catalog(ctx))
+        if (catalog := self.catalog) is not None:
+            self._consult("catalog", diagnosis, votes, lambda: catalog(ctx))
         if self.retrieval is not None:
             retrieval = self.retrieval
             self._consult("retrieval", diagnosis, votes, lambda: retrieval.search(ctx, exclude_ids=self.exclude_incidents))

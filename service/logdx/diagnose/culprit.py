@@ -101,7 +101,7 @@ def _host_of_root(winner: Finding, summary: CompressionSummary, out: Attribution
         if clean_hostname(named) is None:
             return None, _REFUSED_NAME
     field = winner.event.attrs.get("named_host")
-    if field:
+    if isinstance(field, str) and field:  # detect sets it from a regex group: always a str
         host = _checked(field, summary, out, trusted=False)
         if host is not None:
             return host, "named in the root message's own host field"
@@ -138,6 +138,7 @@ def _linked(winner: Finding, findings: Sequence[Finding], summary: CompressionSu
     event = winner.event
     pid = event.attrs.get("pid") or event.anchor.pid
     if pid is not None:
+        rank: int | None
         owners = {k.split("|", 1)[0]: r for k, r in summary.gpu_ranks.items() if k.endswith(f"|pid:{pid}")}
         if len(owners) == 1:
             (host, rank), = owners.items()

@@ -147,7 +147,7 @@ def minority_hit(m: Minority) -> RuleHit:
     else:
         title = f"The job hangs in a collective: the dumped process waits in {where} for a rank no dump shows"
     op = m.majority_op or "the collective"
-    hints = {
+    hints: dict[str, str] = {  # FT keys; label.failure_type is a str
         FT.SCRIPT_HANG: "The process is stuck in your code (see the root frame) while the others wait for it in "
                        f"{op}: fix the code path (a loop, a lock, I/O without a timeout) before restarting.",
         FT.FRAMEWORK_HANG: "The process waits inside a library (see the root frame: a DataLoader queue, storage I/O, a "

@@ -41,7 +41,7 @@ import re
 import threading
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -160,7 +160,8 @@ def _sentence_transformer(path: Path, model_id: str, t0: float) -> Embedder:
 
     hf_logging.disable_progress_bar()  # a CLI's stderr is for the user, not for weight loading bars
     model = SentenceTransformer(str(path), device="cpu")
-    dim_fn = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    # Renamed in newer sentence-transformers (hence getattr); either answers an int for this model.
+    dim_fn: Callable[[], Any] = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
     return Embedder(model, model_id, int(dim_fn()), time.perf_counter() - t0, "sentence-transformers")
 
 

@@ -196,7 +196,8 @@ def write_safetensors(gguf: GGUFFile, out: Path, progress: Progress | None = Non
         f.write(head)
         for _, t in named:
             for w in _slices(gguf, t, data):
-                f.write(memoryview(np.ascontiguousarray(w)).cast("B"))
+                # numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12
+                f.write(memoryview(np.ascontiguousarray(w)).cast("B"))  # type: ignore[arg-type]
                 done += w.nbytes
                 if progress is not None:
                     progress(done, total)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import functools
 import re
-import re._constants as sre_c  # the parse tree is only read, to find literal keywords
-import re._parser as sre_parse
+import re._constants as sre_c  # type: ignore[import-not-found]  # (typeshed: no stubs) the parse tree is only
+import re._parser as sre_parse  # type: ignore[import-not-found]  # read, to find literal keywords
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -174,7 +174,8 @@ def required_literals(src: str) -> frozenset[str] | None:
     good = [c for c in candidates if min(len(x) for x in c) >= _MIN_LITERAL]
     if not good:
         return None
-    return frozenset(max(good, key=_selectivity))
+    best: set[str] = max(good, key=_selectivity)
+    return frozenset(best)
 
 
 def _selectivity(lits: set[str]) -> tuple[bool, int]:

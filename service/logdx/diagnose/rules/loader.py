@@ -20,7 +20,17 @@ from logdx.diagnose.rules.compiled import EXCEPTION_MARKERS, OriginConfig, PackT
 from logdx.diagnose.rules.examples import check_examples
 from logdx.diagnose.rules.keywords import pattern_problem, rule_literals
 from logdx.diagnose.rules.matcher import RuleSet
-from logdx.diagnose.rules.spec import KNOWN_KINDS, LabelSpec, MatchSpec, OriginSpec, PackSpec, PackTestSpec, RuleSpec
+from logdx.diagnose.rules.spec import (
+    KNOWN_KINDS,
+    EventExpect,
+    LabelSpec,
+    MatchSpec,
+    OriginSpec,
+    PackSpec,
+    PackTestSpec,
+    RecordExpect,
+    RuleSpec,
+)
 from logdx.model import FT, Action, Category, EventKind, Label, Role
 from logdx.taxonomy import category_of, default_action, make_label
 
@@ -200,7 +210,9 @@ def _load_test(raw: Any, pack: str, shown: str, lines: _Lines, data: Any, tpath:
     if not (spec.records or spec.events or spec.verdict):
         problems.append(f"{where()}: a test expects records, events or a verdict")
     n = len(spec.lines)
-    for field_name, items in (("records", spec.records), ("events", spec.events)):
+    expected: tuple[tuple[str, Sequence[RecordExpect | EventExpect]], ...] = (
+        ("records", spec.records), ("events", spec.events))
+    for field_name, items in expected:
         for i, item in enumerate(items):
             if item.line is not None and item.line > n:
                 problems.append(f"{where(field_name, i, 'line')}: line {item.line} of {n} lines")
