@@ -51,12 +51,12 @@ def _read_log(path: str) -> bytes:
 
 
 def excerpt_items(cases: list[dict]) -> list[Item]:
-    return [Item(label["id"], make=lambda p=label["_log"]: (_read_log(p), None), label_of=lambda _t, lab=label: lab,
+    return [Item(label["id"], make=lambda p=label["_log"]: (_read_log(p), None), label_of=lambda _t, lab=label: lab,  # type: ignore[misc]  # mypy#15459: lambda defaults
                  score=lambda lab, rep, _t: score_case(lab, rep), corpus_label=label) for label in cases]
 
 
 def buried_items(cases: list[dict], per_case: int, seed: int, without: frozenset[str] = frozenset()) -> list[Item]:
-    return [Item(b.case_id, make=lambda b=b: generated(b.generate), label_of=lambda _t, lab=b.label: lab,
+    return [Item(b.case_id, make=lambda b=b: generated(b.generate), label_of=lambda _t, lab=b.label: lab,  # type: ignore[misc]  # mypy#15459: lambda defaults
                  score=score_buried, exit_code_of=lambda t: t.exit_code, variant=b.variant, corpus_label=b.label)
             for b in buried_cases(cases, per_case, seed, without)]
 
@@ -64,7 +64,7 @@ def buried_items(cases: list[dict], per_case: int, seed: int, without: frozenset
 def generated_items(set_name: str, seed: int, without: frozenset[str] = frozenset()) -> list[Item]:
     cases = [replace(c, kwargs={**c.kwargs, "without": without}) if without else c
              for c in GENERATED_SETS[set_name](seed)]
-    return [Item(c.case_id, make=lambda c=c: generated(c.generate), label_of=label_of,
+    return [Item(c.case_id, make=lambda c=c: generated(c.generate), label_of=label_of,  # type: ignore[misc]  # mypy#15459: lambda defaults
                  score=lambda _lab, rep, t: score_job(t, rep), exit_code_of=lambda t: t.exit_code)
             for c in cases]
 

@@ -186,7 +186,7 @@ def _p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
 
 
-def print_stages(rows: list[dict[str, object]], load_s: dict[str, float]) -> None:
+def print_stages(rows: list[dict[str, Any]], load_s: dict[str, float]) -> None:
     fields = ("category", "action", "failure_type", "root_line")
     print("\n| stages | " + " | ".join(fields) + " | latency per stage, median / p95 (ms) |")
     print("|---|" + "---|" * len(fields) + "---|")
@@ -211,7 +211,7 @@ _CALIBRATION_BINS = (0.0, 0.5, 0.7, 0.8, 0.9, 1.01)
 
 def calibration(results: list[CaseResult]) -> list[dict[str, float | int | str]]:
     """Per band of confidence: how many reports, and how many of them were right."""
-    rows = []
+    rows: list[dict[str, float | int | str]] = []
     for lo, hi in zip(_CALIBRATION_BINS, _CALIBRATION_BINS[1:]):
         band = [r for r in results if lo <= r.report.confidence < hi]
         right = sum(is_right(r) for r in band)

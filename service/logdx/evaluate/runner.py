@@ -136,7 +136,7 @@ def _keep(folder: Path, case_id: str, data: bytes, truth: Any) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     name = case_id.replace("/", "_").replace("#", "_")
     (folder / f"{name}.log").write_bytes(data)
-    if truth is not None and is_dataclass(truth):
+    if truth is not None and is_dataclass(truth) and not isinstance(truth, type):
         (folder / f"{name}.truth.json").write_text(json.dumps(asdict(truth), indent=1, default=str))
 
 
