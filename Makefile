@@ -9,8 +9,8 @@ SHARED ?= ../shared/data
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 LINTED := service tests bench tools
-# Type-checked by mypy (configured in pyproject.toml); the rest of the package follows as it is cleaned.
-TYPED := service/logdx/api service/logdx/config.py service/logdx/hosts.py
+# Type-checked by mypy (configured in pyproject.toml): the whole package.
+TYPED := service/logdx
 # The slowest tests, listed at the end of `make test` (pytest's --durations).
 SLOWEST ?= 15
 

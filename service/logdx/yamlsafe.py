@@ -81,7 +81,7 @@ def _check_events(text: str, source: str) -> None:
 def _walk_events(text: str, source: str, loader_class: type[Any]) -> None:
     expanded = 0
     aliases = 0
-    anchors: dict[str, int] = {}  # anchor -> expanded size of the node it names
+    anchors: dict[str | None, int] = {}  # anchor -> expanded size of the node it names (the stubs let an anchor be None)
     open_nodes: list[tuple[str | None, int]] = []  # (anchor, `expanded` when it opened)
     documents = 0
     loader = loader_class(text)

@@ -68,7 +68,7 @@ def _push_request_class() -> Any:
 
 
 PushRequest = _push_request_class()
-EntryAdapter = message_factory.GetMessageClass(
+EntryAdapter: Any = message_factory.GetMessageClass(  # built at run time: the stubs know none of its fields
     PushRequest.DESCRIPTOR.fields_by_name["streams"].message_type.fields_by_name["entries"].message_type)
 
 
