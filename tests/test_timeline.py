@@ -26,11 +26,12 @@ def feed(engine: Engine, lines: list[str], exit_code: int | None = None):
     return session, session.report(exit_code=exit_code)
 
 
-def megatron(step: int, loss: float, rank: int = 63, host: str = "gpu-node-08", ms: float = 1412.3) -> str:
+def megatron(step: int, loss: float, rank: int = 63, host: str = "gpu-node-08", ms: float = 1412.3,
+             skipped: int = 0, nan: int = 0) -> str:
     return (f"{host}: [rank{rank}]:  iteration {step:8d}/  500000 | consumed samples: {step * 512:12d} | elapsed time per "
             f"iteration (ms): {ms:.1f} | learning rate: 1.500E-04 | global batch size:   512 | lm loss: {loss:.6E} | "
-            f"loss scale: 1.0 | grad norm: 0.{300 + step % 97:03d} | number of skipped iterations:   0 | number of nan "
-            f"iterations:   0 |")
+            f"loss scale: 1.0 | grad norm: 0.{300 + step % 97:03d} | number of skipped iterations: {skipped:3d} | number "
+            f"of nan iterations: {nan:3d} |")
 
 
 @pytest.mark.parametrize(("line", "fields"), [
@@ -118,6 +119,39 @@ def test_a_loss_that_jumps_and_never_comes_back_is_a_divergence_with_its_rollbac
     d = report.progress.divergence
     assert d is not None and d.step == 600 and d.rollback_to_step == 200 and d.loss_after > 13
     assert "iteration      600/" in report.root_cause.text
+
+
+def test_skipping_in_every_interval_is_a_divergence_from_the_interval_it_began(engine: Engine) -> None:
+    # The loss scaler finds no finite scale any more: every interval skips and the loss stays where it was
+    # (no update is applied). Confirmed intervals later, it began, and is rolled back to a checkpoint
+    # before, where the skipping began; the flat loss does not make it a spike that came back.
+    lines = [megatron(s * 10, 6.5 - s * 0.01) for s in range(1, 41)]
+    lines.insert(30, "gpu-node-08: [rank63]:  successfully saved checkpoint at iteration     300 to /ckpt/run")
+    lines += [megatron(s * 10, 6.1, skipped=min(10, 1 + 2 * (s - 41))) for s in range(41, 70)]
+    _, report = feed(engine, lines)
+    assert (report.status, report.failure_type) == ("failed", "nan_loss")
+    d = report.progress.divergence
+    assert d is not None and d.kind == "skipped" and d.step == 410 and d.rollback_to_step == 300
+    assert "iteration      410/" in report.root_cause.text
+
+
+def test_nan_iterations_in_every_interval_are_a_divergence_from_the_interval_they_began(engine: Engine) -> None:
+    # Megatron leaves NaN iterations out of the loss it prints: the loss stays finite and flat, the count
+    # of NaN iterations says the run is broken from the interval it began.
+    lines = [megatron(s * 10, 6.5 - s * 0.01) for s in range(1, 41)]
+    lines.insert(30, "gpu-node-08: [rank63]:  successfully saved checkpoint at iteration     300 to /ckpt/run")
+    lines += [megatron(s * 10, 6.1, nan=min(10, 1 + (s - 41) // 2)) for s in range(41, 60)]
+    _, report = feed(engine, lines)
+    assert (report.status, report.failure_type) == ("failed", "nan_loss")
+    d = report.progress.divergence
+    assert d is not None and d.kind == "nan_iterations" and d.step == 410 and d.rollback_to_step == 300
+    assert "iteration      410/" in report.root_cause.text
+
+
+def test_one_interval_with_a_nan_iteration_that_training_runs_past_is_no_divergence(engine: Engine) -> None:
+    lines = [megatron(s * 10, 6.5 - s * 0.01, nan=1 if s == 45 else 0) for s in range(1, 90)]
+    _, report = feed(engine, lines, exit_code=0)
+    assert report.status == "healthy" and report.progress.divergence is None
 
 
 def test_a_spike_that_comes_back_is_a_note_and_the_run_is_healthy(engine: Engine) -> None:

@@ -171,7 +171,7 @@ class Divergence:
     """Where the loss left its course: a spike that did not come back, NaN/inf, skipped iterations in
     every interval, a gradient-norm blow-up (or, in `recovered_spikes`, one that came back)."""
 
-    kind: str  # "spike" | "nan" | "skipped" | "grad_norm"
+    kind: str  # "spike" | "nan" | "nan_iterations" | "skipped" | "grad_norm"
     step: float | None
     line_no: int
     loss_before: float | None = None

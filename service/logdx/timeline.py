@@ -209,6 +209,10 @@ def progress_shape_of(text: str) -> ProgressShape | None:
 
 
 _LOSS_FIELDS = frozenset({"loss", "grad_norm", "skipped_iters", "skipped_total", "nan_iters"})
+# Logging intervals in a row with NaN iterations that make a divergence (one or two can be a bad batch).
+_NAN_RUN = 4
+# Divergences read from skipped or NaN iterations: the loss printed meanwhile stays flat, which says nothing.
+_FLAT_LOSS_KINDS = frozenset({"skipped", "nan_iterations"})
 _TIME_FIELDS = frozenset({"step_time_ms", "step_time_s", "it_per_s"})
 _DIGIT_RUN = re.compile(rb"\d+")
 
@@ -383,6 +387,9 @@ class _Watch:
     last: float = math.nan  # the loss of the last of them
     run_sum: float = 0.0  # their sum (a run that settles slightly higher becomes the new course: its mean)
     skipped_runs: int = 0  # consecutive logging intervals with skipped iterations
+    skipped_from: tuple[Record, float] | None = None  # (line, step) where that run began
+    nan_runs: int = 0  # consecutive logging intervals with NaN iterations (Megatron)
+    nan_from: tuple[Record, float] | None = None
     skipped_total: float | None = None  # the last cumulative count (DeepSpeed's "skipped=N")
     grad_baseline: float | None = None
 
@@ -584,8 +591,9 @@ class Timeline:
         if "loss" in values:
             self._loss.add(step, values["loss"])
             signal = self._watch_loss(rec, step, values["loss"])
-        if signal is None and values.get("nan_iters", 0) > 0:
-            signal = self._nan_interval(rec, step)
+        if "nan_iters" in values:
+            nan_signal = self._watch_nan_iters(rec, step, values["nan_iters"])
+            signal = signal or nan_signal
         if signal is None and ("skipped_iters" in values or "skipped_total" in values):
             signal = self._watch_skips(rec, step, values)
         if signal is None and "grad_norm" in values:
@@ -608,9 +616,12 @@ class Timeline:
         if w.prev is not None:  # every point counts: a noisy per-step loss wobbles a lot, an average little
             w.spread = 0.9 * w.spread + 0.1 * abs(loss - w.prev)
         w.prev = loss
-        if self.divergence is not None and self.divergence.loss_before is not None \
+        if self.divergence is not None and self.divergence.kind not in _FLAT_LOSS_KINDS \
+                and self.divergence.loss_before is not None \
                 and loss <= _course(self.divergence.loss_before, w.spread):
-            self._retract()  # it came back after all, later than the window: a spike, not a divergence
+            # It came back after all, later than the window: a spike, not a divergence. (Skipped or NaN
+            # iterations leave the printed loss where it was: a flat loss does not clear those.)
+            self._retract()
         if w.onset is not None:
             return self._tick(w, rec, loss)
         if w.baseline is None or w.low is None:
@@ -673,8 +684,22 @@ class Timeline:
         w.baseline = loss if math.isfinite(loss) else w.baseline  # a new level: watch from there
         return LossSignal("diverged", start, d)
 
-    def _nan_interval(self, rec: Record, step: float) -> LossSignal | None:
+    def _watch_nan_iters(self, rec: Record, step: float, nan_iters: float) -> LossSignal | None:
+        """Megatron's `number of nan iterations` per logging interval. The loss it prints stays finite
+        (the NaN iterations are left out of it), so each interval with NaNs is a NaN signal, and a run of
+        them that does not end is a divergence that began where the run began."""
         w = self._watch
+        w.nan_runs = w.nan_runs + 1 if nan_iters > 0 else 0
+        if nan_iters <= 0:
+            return None
+        if w.nan_runs == 1:
+            w.nan_from = (rec, step)
+        if w.nan_runs >= _NAN_RUN and self.divergence is None:
+            began, began_step = w.nan_from or (rec, step)
+            d = Divergence(kind="nan_iterations", step=began_step, line_no=began.line_no,
+                           loss_before=_finite(w.baseline), rollback_to_step=self._checkpoint_before(began_step))
+            self.divergence = d
+            return LossSignal("diverged", began, d)
         if w.onset is None:
             _start(w, rec, step, "nan", math.nan)
             return LossSignal("nan", rec)
@@ -690,12 +715,17 @@ class Timeline:
             skipped = total - (w.skipped_total if w.skipped_total is not None else total)
             w.skipped_total = total
         w.skipped_runs = w.skipped_runs + 1 if skipped > 0 else 0
+        if w.skipped_runs == 1:
+            w.skipped_from = (rec, step)
         if w.skipped_runs >= 8 and w.seen > self.min_points and self.divergence is None:
-            d = Divergence(kind="skipped", step=step, line_no=rec.line_no, loss_before=_finite(w.baseline),
-                           rollback_to_step=self._checkpoint_before(step))
+            # Confirmed now, it began where the run of skipping intervals began: that line stands for it,
+            # and the rollback is to a checkpoint before it.
+            began, began_step = w.skipped_from or (rec, step)
+            d = Divergence(kind="skipped", step=began_step, line_no=began.line_no, loss_before=_finite(w.baseline),
+                           rollback_to_step=self._checkpoint_before(began_step))
             self.divergence = d
             w.skipped_runs = 0
-            return LossSignal("diverged", rec, d)
+            return LossSignal("diverged", began, d)
         return None
 
     def _watch_grad(self, rec: Record, step: float, grad: float, loss: float | None) -> LossSignal | None:

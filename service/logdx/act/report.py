@@ -70,7 +70,7 @@ class SourceBlock(BaseModel):
 
 
 class DivergenceBlock(BaseModel):
-    kind: Literal["spike", "nan", "skipped", "grad_norm"]
+    kind: Literal["spike", "nan", "nan_iterations", "skipped", "grad_norm"]
     step: float | None = None
     line_no: int
     loss_before: float | None = None

@@ -234,10 +234,13 @@ def _survived(event: Event, summary: CompressionSummary, ending: _Ending) -> boo
     loss again; a divergence the timeline confirmed, a stall, never (training goes on, ruined). What
     cannot end a process by itself (a logged error, an NIC's async event) did not end a job that exited
     0, nor one whose training says it ran to its end, unless the job is known to have failed."""
+    divergence = summary.progress.divergence
     if event.kind == EventKind.LOSS_NAN:
+        if divergence is not None and divergence.line_no == event.line_no:
+            return False  # where the divergence the timeline confirmed began (Megatron's NaN iterations)
         return summary.last_finite_loss_line.get(event.anchor.source_key, 0) > event.line_no
     if event.kind == EventKind.LOSS_SPIKE:  # unless the loss came back after all, later than the watch waited
-        return summary.progress.divergence is None or summary.progress.divergence.line_no != event.line_no
+        return divergence is None or divergence.line_no != event.line_no
     if event.kind == EventKind.STALL:
         return False
     if not ends_its_process(event) and (ending.ok or (ending.exit_code is None and said_it_completed(summary.progress))):
