@@ -121,30 +121,23 @@ def test_a_loss_that_jumps_and_never_comes_back_is_a_divergence_with_its_rollbac
     assert "iteration      600/" in report.root_cause.text
 
 
-def test_skipping_in_every_interval_is_a_divergence_from_the_interval_it_began(engine: Engine) -> None:
-    # The loss scaler finds no finite scale any more: every interval skips and the loss stays where it was
-    # (no update is applied). Confirmed intervals later, it began, and is rolled back to a checkpoint
-    # before, where the skipping began; the flat loss does not make it a spike that came back.
+@pytest.mark.parametrize(("kind", "broken"), [
+    # The loss scaler finds no finite scale any more: every interval skips, the loss stays where it was.
+    ("skipped", lambda s: {"skipped": min(10, 1 + 2 * (s - 41))}),
+    # Megatron leaves NaN iterations out of the loss it prints: finite and flat, the count says it broke.
+    ("nan_iterations", lambda s: {"nan": min(10, 1 + (s - 41) // 2)}),
+])
+def test_skipped_or_nan_iterations_in_every_interval_are_a_divergence_from_where_they_began(
+        engine: Engine, kind: str, broken) -> None:
+    # Confirmed intervals later, it began (and is rolled back to a checkpoint before) where the run of
+    # broken intervals began; the flat loss they print does not make it a spike that came back.
     lines = [megatron(s * 10, 6.5 - s * 0.01) for s in range(1, 41)]
     lines.insert(30, "gpu-node-08: [rank63]:  successfully saved checkpoint at iteration     300 to /ckpt/run")
-    lines += [megatron(s * 10, 6.1, skipped=min(10, 1 + 2 * (s - 41))) for s in range(41, 70)]
+    lines += [megatron(s * 10, 6.1, **broken(s)) for s in range(41, 70)]
     _, report = feed(engine, lines)
     assert (report.status, report.failure_type) == ("failed", "nan_loss")
     d = report.progress.divergence
-    assert d is not None and d.kind == "skipped" and d.step == 410 and d.rollback_to_step == 300
-    assert "iteration      410/" in report.root_cause.text
-
-
-def test_nan_iterations_in_every_interval_are_a_divergence_from_the_interval_they_began(engine: Engine) -> None:
-    # Megatron leaves NaN iterations out of the loss it prints: the loss stays finite and flat, the count
-    # of NaN iterations says the run is broken from the interval it began.
-    lines = [megatron(s * 10, 6.5 - s * 0.01) for s in range(1, 41)]
-    lines.insert(30, "gpu-node-08: [rank63]:  successfully saved checkpoint at iteration     300 to /ckpt/run")
-    lines += [megatron(s * 10, 6.1, nan=min(10, 1 + (s - 41) // 2)) for s in range(41, 60)]
-    _, report = feed(engine, lines)
-    assert (report.status, report.failure_type) == ("failed", "nan_loss")
-    d = report.progress.divergence
-    assert d is not None and d.kind == "nan_iterations" and d.step == 410 and d.rollback_to_step == 300
+    assert d is not None and d.kind == kind and d.step == 410 and d.rollback_to_step == 300
     assert "iteration      410/" in report.root_cause.text
 
 
