@@ -9,18 +9,22 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -331,3 +335,37 @@ class LoopbackApp:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(30)
+
+
+# --- syslog-ng, the real one (Debian's), for the shipper tests ---------------------------------------
+
+SYSLOG_NG = shutil.which("syslog-ng") or ("/usr/sbin/syslog-ng" if Path("/usr/sbin/syslog-ng").exists() else None)
+SYSLOG_NG_HTTP = any(Path("/usr/lib/syslog-ng").glob("*/libhttp.so"))
+needs_syslog_ng = pytest.mark.skipif(SYSLOG_NG is None or not SYSLOG_NG_HTTP,
+                                     reason="syslog-ng with its http() destination is not installed "
+                                            "(apt-get install syslog-ng-core syslog-ng-mod-http)")
+
+
+@contextmanager
+def running_syslog_ng(tmp_path: Path, conf: str) -> Iterator[subprocess.Popen[bytes]]:
+    """syslog-ng in the foreground with this configuration, its state under `tmp_path`; stopped after."""
+    assert SYSLOG_NG is not None
+    path = tmp_path / "syslog-ng.conf"
+    path.write_text(conf)
+    proc = subprocess.Popen([SYSLOG_NG, "-F", "-f", str(path), "-R", str(tmp_path / "persist"),
+                             "-p", str(tmp_path / "pid"), "-c", str(tmp_path / "ctl"), "--no-caps"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def exited(proc: subprocess.Popen[bytes], what: str) -> AssertionError:
+    """The failure to raise when a helper process died under a test: its last output."""
+    assert proc.stdout is not None
+    return AssertionError(f"{what} exited: {proc.stdout.read().decode(errors='replace')[-2000:]}")

@@ -13,9 +13,7 @@ DaemonSet's `hostname` added by a `record_modifier`), syslog-ng's `http()` desti
 from __future__ import annotations
 
 import json
-import shutil
 import struct
-import subprocess
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -25,7 +23,7 @@ import httpx
 import msgpack
 import pytest
 
-from api_server import Receiver, Server, start_receiver
+from api_server import Receiver, Server, exited, needs_syslog_ng, running_syslog_ng, start_receiver
 from logdx.api.ingest import runs_by_job
 from logdx.api.nodestreams import NodeStreams
 from logdx.config import NodeStreamSettings
@@ -277,14 +275,8 @@ def test_late_kernel_line_reopens_the_diagnosis_with_a_follow_up(server: Server,
         assert len(c.get(f"/v1/jobs/{job_id}").json()["reports"]) == len(detail["reports"])
 
 
-SYSLOG_NG = shutil.which("syslog-ng") or ("/usr/sbin/syslog-ng" if Path("/usr/sbin/syslog-ng").exists() else None)
-SYSLOG_NG_HTTP = any(Path("/usr/lib/syslog-ng").glob("*/libhttp.so"))
-
-
 @pytest.mark.integration
-@pytest.mark.skipif(SYSLOG_NG is None or not SYSLOG_NG_HTTP,
-                    reason="syslog-ng with its http() destination is not installed "
-                           "(apt-get install syslog-ng-core syslog-ng-mod-http)")
+@needs_syslog_ng
 def test_real_syslog_ng_ships_the_nodes_kernel_logs(server: Server, tmp_path: Path) -> None:
     """Debian's syslog-ng on each node reading its kernel log (RFC 5424 records) and posting them with the
     README's node destination: no job header, the host is syslog-ng's own $HOST, the time its $ISODATE.
@@ -300,8 +292,7 @@ def test_real_syslog_ng_ships_the_nodes_kernel_logs(server: Server, tmp_path: Pa
                                 for ts, text in lines))
         # one machine plays both nodes: each record keeps the host it names (on a node, $HOST is the node)
         sources.append(f'source s{n} {{ file("{path}" flags(syslog-protocol) keep-hostname(yes) follow-freq(0.2)); }};')
-    conf = tmp_path / "syslog-ng.conf"
-    conf.write_text(f"""@version: current
+    conf = f"""@version: current
 {chr(10).join(sources)}
 destination d_logdx_nodes {{
     http(url("{server.url}/v1/logs") method("POST")
@@ -310,26 +301,16 @@ destination d_logdx_nodes {{
          batch-lines(500) batch-timeout(200) workers(1));
 }};
 log {{ source(s0); source(s1); destination(d_logdx_nodes); }};
-""")
-    proc = subprocess.Popen([SYSLOG_NG, "-F", "-f", str(conf), "-R", str(tmp_path / "persist"),
-                             "-p", str(tmp_path / "pid"), "-c", str(tmp_path / "ctl"), "--no-caps"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        with server.client() as c:
-            def joined() -> dict | None:
-                if proc.poll() is not None:
-                    raise AssertionError(f"syslog-ng exited: {proc.stdout.read().decode(errors='replace')[-2000:]}")
-                report = c.get(f"/v1/jobs/{job_id}").json()["report"]
-                return report if report and report["failure_type"] == "gpu_fell_off_bus" else None
+"""
+    with running_syslog_ng(tmp_path, conf) as proc, server.client() as c:
+        def joined() -> dict | None:
+            if proc.poll() is not None:
+                raise exited(proc, "syslog-ng")
+            report = c.get(f"/v1/jobs/{job_id}").json()["report"]
+            return report if report and report["failure_type"] == "gpu_fell_off_bus" else None
 
-            wait_until(joined, "the kernel's Xid, shipped by syslog-ng, in the job's diagnosis")
-            report = c.post(f"/v1/jobs/{job_id}/end", json={"exit_code": 1}).json()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        wait_until(joined, "the kernel's Xid, shipped by syslog-ng, in the job's diagnosis")
+        report = c.post(f"/v1/jobs/{job_id}/end", json={"exit_code": 1}).json()
     assert _diagnosis(report) == EXPECTED, report
     assert report["culprits"]["hosts"] == ["gpu-node-50"] and report["root_cause"]["text"] == XID
 

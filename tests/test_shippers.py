@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import struct
 import subprocess
 import time
@@ -20,7 +19,7 @@ import httpx
 import msgpack
 import pytest
 
-from api_server import Server, make_job, rank_host
+from api_server import Server, exited, make_job, needs_syslog_ng, rank_host, running_syslog_ng
 
 RANKS, STEPS, CULPRIT = 16, 20, 5
 EXPECTED = {"status": "failed", "category": "infrastructure", "failure_type": "gpu_fell_off_bus",
@@ -184,13 +183,7 @@ def test_fluent_bit_msgpack_bodies(server: Server) -> None:
 
 # --- syslog-ng ---------------------------------------------------------------------------------------
 
-SYSLOG_NG = shutil.which("syslog-ng") or ("/usr/sbin/syslog-ng" if Path("/usr/sbin/syslog-ng").exists() else None)
-SYSLOG_NG_HTTP = any(Path("/usr/lib/syslog-ng").glob("*/libhttp.so"))
-
-
-@pytest.mark.skipif(SYSLOG_NG is None or not SYSLOG_NG_HTTP,
-                    reason="syslog-ng with its http() destination is not installed "
-                           "(apt-get install syslog-ng-core syslog-ng-mod-http)")
+@needs_syslog_ng
 def test_syslog_ng_http_destination(server: Server, tmp_path: Path) -> None:
     """Debian's syslog-ng reading each node's log file, posting NDJSON batches with its `http()`
     destination; the job named by a header, the host by syslog-ng's own $HOST."""
@@ -201,8 +194,7 @@ def test_syslog_ng_http_destination(server: Server, tmp_path: Path) -> None:
         path.write_text("".join(line + "\n" for rank in sorted(job) if rank_host(rank) == host for line in job[rank]))
         paths.append(path)
         sources.append(f'source s{n} {{ file("{path}" flags(no-parse) host-override("{host}") follow-freq(0.2)); }};')
-    conf = tmp_path / "syslog-ng.conf"
-    conf.write_text(f"""@version: current
+    conf = f"""@version: current
 {chr(10).join(sources)}
 destination d_logdx {{
     http(url("{server.url}/v1/logs") method("POST")
@@ -211,21 +203,12 @@ destination d_logdx {{
          batch-lines(100) batch-timeout(200) workers(1));
 }};
 log {{ {" ".join(f"source(s{n});" for n in range(len(paths)))} destination(d_logdx); }};
-""")
-    proc = subprocess.Popen([SYSLOG_NG, "-F", "-f", str(conf), "-R", str(tmp_path / "persist"),
-                             "-p", str(tmp_path / "pid"), "-c", str(tmp_path / "ctl"), "--no-caps"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
+"""
+    with running_syslog_ng(tmp_path, conf) as proc:
         with server.client() as c:
             detail = _wait_lines(c, job_id, total, timeout=60, alive=proc)
         if proc.poll() is not None:
-            raise AssertionError(f"syslog-ng exited: {proc.stdout.read().decode(errors='replace')[-2000:]}")
+            raise exited(proc, "syslog-ng")
         assert detail.get("lines") == total, detail
         time.sleep(0.5)  # nothing more arrives: exactly once
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
     _check(server, job_id, total)
