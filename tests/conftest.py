@@ -18,8 +18,9 @@ from types import ModuleType
 import pytest
 
 from logdx.config import DEFAULT_DATA_DIR
+from logdx.pipeline import Engine
 from logdx.store import Database, open_db
-from logdx.testing import Clock
+from logdx.testing import Clock, rules_engine
 
 TESTS = Path(__file__).resolve().parent
 
@@ -68,6 +69,12 @@ def db(tmp_path: Path) -> Iterator[Database]:
     d = open_db(tmp_path / "logdx.db")
     yield d
     d.close()
+
+
+@pytest.fixture(scope="session")
+def engine() -> Engine:
+    """The pipeline, rules only (`logdx.testing.rules_engine`), shared by the tests that diagnose lines."""
+    return rules_engine()
 
 
 @pytest.fixture

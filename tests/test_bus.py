@@ -10,7 +10,7 @@ from logdx.api.bus_ingest import _pieces
 from logdx.bus.records import DATA, END, BusRecord, Names, decode, encode, partition_of
 from logdx.config import load_settings
 from logdx.normalize import Source
-from logdx.pipeline import Engine, Session, SnapshotError
+from logdx.pipeline import Session, SnapshotError
 
 
 def test_a_record_survives_its_encoding():
@@ -40,11 +40,6 @@ def test_a_request_is_published_in_pieces_of_bounded_size_with_every_line_once()
     assert len(pieces) > 5
     flat = [(s.rank, line) for p in pieces for s, lines in p for line in lines]
     assert flat == [(s.rank, line) for s, lines in runs for line in lines]
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    return Engine.create(load_settings(env={"LOGDX_LLM__ENABLED": "false", "LOGDX_RETRIEVAL__ENABLED": "false"}))
 
 
 def test_a_restored_session_goes_on_to_the_same_diagnosis(engine):

@@ -5,25 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from logdx.config import load_settings
 from logdx.pipeline import Engine
+from logdx.testing import diagnose_lines
 
 HOSTS = ("gpu-node-01", "gpu-node-02")
 PIDS = {r: 14400 + r for r in range(8)}  # each rank's process
 BUS = ("1b000", "3b000", "5d000", "8a000")
 
 
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    s = load_settings(env={})
-    s.llm.enabled = s.retrieval.enabled = False
-    return Engine.create(s)
-
-
 def diagnose(engine: Engine, lines: list[str], exit_code: int | None = 1):
-    session = engine.new_session()
-    session.feed_lines(lines)
-    return session.report(exit_code=exit_code)
+    return diagnose_lines(engine, lines, exit_code)
 
 
 def job(failure: list[str], *, hosts: tuple[str, ...] = HOSTS, victims_abort: bool = True,

@@ -7,20 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from logdx.config import load_settings
 from logdx.flightrec import analyse, load_dumps
 from logdx.pipeline import Engine
 
 FR = Path(__file__).parent / "fixtures" / "flightrec" / "gloo"
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    s = load_settings(env={})
-    s.llm.enabled = s.retrieval.enabled = False
-    return Engine.create(s)
 
 
 def diagnose(engine: Engine, lines: list[str], fr=None):

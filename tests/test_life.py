@@ -5,22 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from logdx.config import load_settings
 from logdx.pipeline import Engine
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    s = load_settings(env={})
-    s.llm.enabled = s.retrieval.enabled = False
-    return Engine.create(s)
-
-
-def diagnose(engine: Engine, lines: list[str], exit_code: int | None = None):
-    session = engine.new_session()
-    session.feed_lines(lines)
-    return session.report(exit_code=exit_code)
-
+from logdx.testing import diagnose_lines
 
 RANKS = 16
 
@@ -76,20 +62,20 @@ def cascade(r_dead: int) -> list[str]:
 
 
 def test_a_start_up_retry_the_job_trained_past_is_not_the_root(engine: Engine) -> None:
-    report = diagnose(engine, startup() + steps(1, 40) + keyerror(6) + cascade(6))
+    report = diagnose_lines(engine, startup() + steps(1, 40) + keyerror(6) + cascade(6))
     assert (report.category, report.failure_type, report.action) == ("script", "key_error", "no_restart")
     assert "KeyError: 'c4_en'" in report.root_cause.text
     assert any("failed to connect" in r.text for r in report.recovered)  # a note, not the cause
 
 
 def test_a_healthy_run_with_start_up_retries_is_healthy(engine: Engine) -> None:
-    report = diagnose(engine, startup() + steps(1, 60))
+    report = diagnose_lines(engine, startup() + steps(1, 60))
     assert report.status == "healthy" and report.recovered
-    assert diagnose(engine, startup() + steps(1, 60), exit_code=0).status == "healthy"
+    assert diagnose_lines(engine, startup() + steps(1, 60), exit_code=0).status == "healthy"
 
 
 def test_a_failure_before_training_started_beats_the_retries_before_it(engine: Engine) -> None:
-    report = diagnose(engine, startup() + keyerror(3) + cascade(3))
+    report = diagnose_lines(engine, startup() + keyerror(3) + cascade(3))
     assert report.failure_type == "key_error" and "KeyError" in report.root_cause.text
 
 
@@ -98,7 +84,7 @@ def test_an_error_in_the_last_step_in_flight_is_fatal_even_if_others_print_that_
     lines += [f"{host(4)}: [rank4]:[2024-11-21 10:00:00,000] ERROR RuntimeError: CUDA error: an illegal memory "
               "access was encountered"]
     lines += steps(31, 31)  # the ranks still finishing the step in flight print it
-    report = diagnose(engine, lines + cascade(4))
+    report = diagnose_lines(engine, lines + cascade(4))
     assert report.failure_type == "cuda_error" and report.culprits.ranks == [4]
 
 
@@ -107,13 +93,13 @@ def test_a_retried_upload_the_job_went_on_after_stays_a_note(engine: Engine) -> 
     lines.append(f"{host(15)}: [rank15]:wandb: ERROR Error while calling W&B API: An internal error occurred. "
                  "Please contact support. (<Response [500]>)")
     lines += steps(21, 80)
-    assert diagnose(engine, lines).status == "healthy"
+    assert diagnose_lines(engine, lines).status == "healthy"
 
 
 def test_exit_code_0_is_healthy_even_with_scary_lines_after_training(engine: Engine) -> None:
     lines = steps(1, 50) + [f"{host(0)}: [rank0]:[W1121 12:00:00.000 ProcessGroupNCCL.cpp:1250] Warning: WARNING: "
                             "process group has NOT been destroyed before we destruct ProcessGroupNCCL."]
-    assert diagnose(engine, lines, exit_code=0).status == "healthy"
+    assert diagnose_lines(engine, lines, exit_code=0).status == "healthy"
 
 
 def port_error(node_ranks: range) -> list[str]:
@@ -124,11 +110,11 @@ def port_error(node_ranks: range) -> list[str]:
 
 def test_an_async_event_in_the_last_step_of_a_job_that_exited_0_is_a_note(engine: Engine) -> None:
     lines = startup() + steps(1, 50) + port_error(range(8))
-    report = diagnose(engine, lines, exit_code=0)
+    report = diagnose_lines(engine, lines, exit_code=0)
     assert report.status == "healthy"
     assert report.recovered  # kept as a note
     # Without the exit code or a word that training ended, the same log is a failure on that node.
-    unknown = diagnose(engine, lines)
+    unknown = diagnose_lines(engine, lines)
     assert unknown.status == "failed" and unknown.culprits.hosts == [host(0)]
 
 
@@ -139,22 +125,22 @@ def test_an_async_event_in_the_last_step_of_a_job_that_exited_0_is_a_note(engine
 ])
 def test_an_async_event_before_training_says_it_completed_is_a_note(engine: Engine, ending: str) -> None:
     lines = startup() + steps(1, 50) + port_error(range(8)) + [f"{host(0)}: [rank0]:{ending}"]
-    assert diagnose(engine, lines).status == "healthy"
+    assert diagnose_lines(engine, lines).status == "healthy"
     # The job's own failure code outweighs its words: the event is then what the diagnosis has.
-    assert diagnose(engine, lines, exit_code=1).status == "failed"
+    assert diagnose_lines(engine, lines, exit_code=1).status == "failed"
 
 
 def test_a_traceback_after_training_completed_still_fails_the_job(engine: Engine) -> None:
     lines = startup() + steps(1, 50) + [f"{host(0)}: [rank0]:Training completed. Saving model to /ckpt/final"]
     lines += keyerror(0)
-    assert diagnose(engine, lines).status == "failed"
+    assert diagnose_lines(engine, lines).status == "failed"
 
 
 def test_a_port_error_its_port_came_back_from_is_a_note_even_with_no_step_after(engine: Engine) -> None:
     back = [line.replace("port error", "port active") for line in port_error(range(8))]
     lines = startup() + steps(1, 50) + port_error(range(8)) + back
-    report = diagnose(engine, lines)
+    report = diagnose_lines(engine, lines)
     assert report.status == "healthy" and report.recovered
     # The port that stays down is what the job has, on that node.
-    down = diagnose(engine, startup() + steps(1, 50) + port_error(range(8)))
+    down = diagnose_lines(engine, startup() + steps(1, 50) + port_error(range(8)))
     assert (down.status, down.failure_type, down.culprits.hosts) == ("failed", "network_error", [host(0)])

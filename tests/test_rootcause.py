@@ -5,21 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from logdx.config import load_settings
-from logdx.pipeline import Engine
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    s = load_settings(env={})
-    s.llm.enabled = s.retrieval.enabled = False
-    return Engine.create(s)
-
-
-def diagnose(engine: Engine, lines: list[str], exit_code: int | None = None):
-    session = engine.new_session()
-    session.feed_lines(lines)
-    return session.report(exit_code=exit_code)
+from logdx.testing import diagnose_lines
 
 
 def progress(rank: int, i: int, t: str = "12:00:00") -> str:
@@ -33,7 +19,7 @@ def watchdog(rank: int, seq: int = 42, t: str = "12:30:00") -> str:
 
 def test_symptoms_only_name_the_silent_rank_as_a_hang(engine):
     lines = [progress(r, 1) for r in range(16)] + [watchdog(r) for r in range(16) if r != 5]
-    report = diagnose(engine, lines)
+    report = diagnose_lines(engine, lines)
     # A hang, with its culprit; no host is named anywhere, so nothing to cordon: a restart.
     assert (report.category, report.failure_type, report.action) == ("infrastructure", "hang", "restart")
     assert report.culprits.ranks == [5]
@@ -48,7 +34,7 @@ def on_host(line: str, rank: int) -> str:
 def test_a_silent_rank_two_signals_agree_on_is_corroborated_and_its_node_cordoned(engine):
     lines = [on_host(progress(r, i), r) for i in range(1, 5) for r in range(16) if not (r == 5 and i == 4)]
     lines += [on_host(watchdog(r), r) for r in range(16) if r != 5]
-    report = diagnose(engine, lines)
+    report = diagnose_lines(engine, lines)
     # Missing from the watchdogs' reports, and its progress stopped a step before the others'.
     assert (report.failure_type, report.culprits.ranks, report.culprits.hosts) == ("hang", [5], ["node-00"])
     assert report.culprits.corroborated and report.confidence >= 0.85
@@ -56,21 +42,21 @@ def test_a_silent_rank_two_signals_agree_on_is_corroborated_and_its_node_cordone
     # The same with only one of the two signals: the rank is named, its node is not cordoned.
     one = [on_host(progress(r, i), r) for i in range(1, 5) for r in range(16)]
     one += [on_host(watchdog(r), r) for r in range(16) if r != 5]
-    report = diagnose(engine, one)
+    report = diagnose_lines(engine, one)
     assert (report.culprits.ranks, report.action) == ([5], "restart")
     assert not report.culprits.corroborated and report.confidence < 0.85
 
 
 def test_timeouts_with_no_rank_to_point_at_stay_a_collective_timeout(engine):
     lines = [progress(r, 1) for r in range(16)] + [watchdog(r) for r in range(16)]
-    report = diagnose(engine, lines)
+    report = diagnose_lines(engine, lines)
     assert (report.category, report.failure_type, report.action) == ("infrastructure", "nccl_timeout", "restart")
     assert report.culprits.ranks == []
 
 
 def test_symptoms_only_name_the_rank_lagging_in_collective_sequence(engine):
     lines = [progress(r, 1) for r in range(8)] + [watchdog(r, seq=100) for r in range(8) if r != 3] + [watchdog(3, seq=99)]
-    assert diagnose(engine, lines).culprits.ranks == [3]
+    assert diagnose_lines(engine, lines).culprits.ranks == [3]
 
 
 def test_a_graver_fault_just_after_explains_an_earlier_lesser_one(engine):
@@ -78,7 +64,7 @@ def test_a_graver_fault_just_after_explains_an_earlier_lesser_one(engine):
     lines.append("[rank1]:2024-05-01 12:00:05,000 - ERROR - torch.distributed.DistNetworkError: The client socket has "
                  "timed out after 600s while trying to connect to (node-0, 29500).")
     lines.append("slurmstepd: error: *** JOB 77 ON node-1 CANCELLED AT 2024-05-01T12:01:00 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***")
-    report = diagnose(engine, lines)
+    report = diagnose_lines(engine, lines)
     assert report.failure_type == "node_failure"
     assert report.culprits.hosts == ["node-1"]
     assert report.root_cause.line_no == 10
@@ -88,7 +74,7 @@ def test_the_earliest_root_cause_wins_over_later_ones(engine):
     lines = [progress(r, 1) for r in range(4)]
     lines.append("[rank2]:2024-05-01 12:00:07,000 - ERROR - RuntimeError: CUDA error: uncorrectable ECC error encountered")
     lines.append("[rank0]:2024-05-01 12:00:09,000 - ERROR - OSError: [Errno 28] No space left on device")
-    report = diagnose(engine, lines)
+    report = diagnose_lines(engine, lines)
     assert report.failure_type == "ecc_error" and report.culprits.ranks == [2]
 
 
@@ -96,18 +82,18 @@ def test_an_error_the_rank_trained_past_is_not_the_root(engine):
     lines = ["[rank0]:2024-05-01 12:00:00,000 - WARNING - OSError: [Errno 28] No space left on device"]
     lines += [progress(0, i, f"12:{10 + i // 60:02d}:{i % 60:02d}") for i in range(0, 600, 5)]
     lines.append("[rank0]:2024-05-01 12:30:00,000 - ERROR - RuntimeError: CUDA error: uncorrectable ECC error encountered")
-    assert diagnose(engine, lines).failure_type == "ecc_error"
+    assert diagnose_lines(engine, lines).failure_type == "ecc_error"
 
 
 def test_exit_code_zero_forgives_what_training_survived(engine):
     lines = [progress(0, 1), "[rank0]: NVRM: Xid (PCI:0000:3b:00): 13, pid=77, Graphics SM Warp Exception", progress(0, 2)]
-    assert diagnose(engine, lines, exit_code=0).status == "healthy"
-    assert diagnose(engine, lines).status == "failed"
+    assert diagnose_lines(engine, lines, exit_code=0).status == "healthy"
+    assert diagnose_lines(engine, lines).status == "failed"
 
 
 def test_failed_exit_with_nothing_recognised_is_unknown(engine):
     lines = [progress(0, 1), "[rank0]: frobnicator says: the flux capacitor is out of phase (code 7)"]
-    report = diagnose(engine, lines, exit_code=3)
+    report = diagnose_lines(engine, lines, exit_code=3)
     assert (report.status, report.category, report.failure_type) == ("failed", "unknown", "unknown")
 
 
@@ -115,7 +101,7 @@ def test_the_hint_names_the_culprit_resolved_from_other_lines(engine):
     lines = [f"node-4: node-4:9{r}:9{r} [{r}] NCCL INFO comm 0xab rank {8 + r} nranks 16 cudaDev {r} busId {r + 1}a000 - Init COMPLETE"
              for r in range(8)]
     lines.append("node-4: [Wed May  1 12:00:05 2024] NVRM: Xid (PCI:0000:3a:00): 79, pid=93, GPU has fallen off the bus.")
-    report = diagnose(engine, lines)
+    report = diagnose_lines(engine, lines)
     assert report.failure_type == "gpu_fell_off_bus"
     assert (report.culprits.hosts, report.culprits.ranks) == (["node-4"], [10])
     assert "node-4" in report.hint and "?" not in report.hint
@@ -145,7 +131,7 @@ def test_the_original_traceback_of_a_dataloader_reraise_is_the_root(engine):
         "    index = self.ex2emb_idx[name]",
         "KeyError: 'metro_station_07'",
     )]]
-    report = diagnose(engine, lines, exit_code=1)
+    report = diagnose_lines(engine, lines, exit_code=1)
     assert (report.category, report.failure_type) == ("script", "key_error")
     assert report.root_cause.text.endswith("KeyError: 'metro_station_07'")
 
@@ -154,7 +140,7 @@ def test_the_first_link_of_a_chain_is_the_root(engine):
     lines = [*tb("/env/lib/python3.10/site-packages/torch/serialization.py", "OSError: [Errno 28] No space left on device"),
              "[rank0]: During handling of the above exception, another exception occurred:",
              *tb("/workspace/ckpt.py", "RuntimeError: could not save the checkpoint")]
-    report = diagnose(engine, lines, exit_code=1)
+    report = diagnose_lines(engine, lines, exit_code=1)
     assert report.failure_type == "disk_full"
     assert "No space left on device" in report.root_cause.text
 
@@ -171,7 +157,7 @@ def test_the_first_link_of_a_chain_is_the_root(engine):
     ("/home/me/proj/model.py", "MyOwnProblem: shapes do not line up", ("script", "script_error")),
 ])
 def test_an_error_no_rule_names_is_classified_by_the_module_that_raised_it(engine, path, exc, label):
-    report = diagnose(engine, [progress(0, 1), *tb(path, exc)], exit_code=1)
+    report = diagnose_lines(engine, [progress(0, 1), *tb(path, exc)], exit_code=1)
     assert report.status == "failed"
     assert (report.category, report.failure_type) == label
     assert report.root_cause.text.endswith(exc)
@@ -183,7 +169,7 @@ def test_the_exception_line_is_the_root_and_its_named_echo_says_whose_it_was(eng
                                                    "RuntimeError: CUDA error: uncorrectable ECC error encountered", rank=1)]
     lines.append("[E ProcessGroupNCCL.cpp:916] [Rank 1] NCCL watchdog thread terminated with exception: "
                  "CUDA error: uncorrectable ECC error encountered")
-    report = diagnose(engine, lines, exit_code=1)
+    report = diagnose_lines(engine, lines, exit_code=1)
     assert report.failure_type == "ecc_error"
     assert report.root_cause.text == "RuntimeError: CUDA error: uncorrectable ECC error encountered"
     assert report.culprits.ranks == [1]
@@ -194,7 +180,7 @@ def test_a_kill_before_the_timeouts_is_their_cause(engine):
     lines.append("[2024-05-01 12:01:00,000] [ERROR] [launch.py:320:sigkill_handler] ['/usr/bin/python', '-u', "
                  "'train.py', '--local_rank=3'] exits with return code = -9")
     lines += [watchdog(r) for r in range(8) if r != 3]
-    report = diagnose(engine, lines)
+    report = diagnose_lines(engine, lines)
     assert report.failure_type == "host_oom"
     assert "return code = -9" in report.root_cause.text
 
@@ -202,12 +188,12 @@ def test_a_kill_before_the_timeouts_is_their_cause(engine):
 def test_a_time_limit_after_the_timeouts_ends_a_hang_it_did_not_cause(engine):
     lines = [progress(r, 1) for r in range(8)] + [watchdog(r) for r in range(8) if r != 3]
     lines.append("slurmstepd: error: *** JOB 4242 ON node-3 CANCELLED AT 2024-05-01T14:00:00 DUE TO TIME LIMIT ***")
-    report = diagnose(engine, lines)
+    report = diagnose_lines(engine, lines)
     assert report.failure_type == "hang" and report.culprits.ranks == [3]
 
 
 def test_the_explanation_quotes_the_exception_and_the_users_file_and_line(engine):
-    report = diagnose(engine, [progress(0, 1), *tb("/workspace/model.py", "MyOwnProblem: shapes do not line up")], exit_code=1)
+    report = diagnose_lines(engine, [progress(0, 1), *tb("/workspace/model.py", "MyOwnProblem: shapes do not line up")], exit_code=1)
     assert "MyOwnProblem: shapes do not line up" in report.explanation
     assert "/workspace/model.py:120 (run)" in report.explanation
 
@@ -221,7 +207,7 @@ def test_a_missing_environment_variable_is_the_callers_mistake(engine):
         "    raise KeyError(key) from None",
         "KeyError: 'RANK'",
     )]
-    report = diagnose(engine, lines, exit_code=1)
+    report = diagnose_lines(engine, lines, exit_code=1)
     assert (report.category, report.failure_type) == ("script", "key_error")
 
 
@@ -243,17 +229,17 @@ def test_a_cuda_fault_the_gpu_calls_the_applications_is_not_the_machines(engine,
     fault = _illegal_access(3)
     lines = [progress(r, 1) for r in range(8)] + ([xid, *fault] if xid_first else [*fault, xid])
     lines += [watchdog(r, t="12:50:00") for r in range(8) if r != 3]
-    report = diagnose(engine, lines, exit_code=1)
+    report = diagnose_lines(engine, lines, exit_code=1)
     assert (report.category, report.action) == ("framework", "no_restart"), report.explanation
     assert "illegal memory access" in report.root_cause.text
     assert report.hint.startswith("Xid 13 on GPU 0000:3b:00")
 
 
 def test_an_illegal_memory_access_alone_or_after_a_hardware_xid_stays_infrastructure(engine):
-    alone = diagnose(engine, [progress(r, 1) for r in range(8)] + _illegal_access(3), exit_code=1)
+    alone = diagnose_lines(engine, [progress(r, 1) for r in range(8)] + _illegal_access(3), exit_code=1)
     assert (alone.category, alone.failure_type, alone.action) == ("infrastructure", "cuda_error", "restart")
     xid79 = "node-02: [Wed May  1 12:20:02 2024] NVRM: Xid (PCI:0000:3b:00): 79, pid=88123, name=python, GPU has fallen off the bus."
-    bus = diagnose(engine, [progress(r, 1) for r in range(8)] + _illegal_access(3) + [xid79], exit_code=1)
+    bus = diagnose_lines(engine, [progress(r, 1) for r in range(8)] + _illegal_access(3) + [xid79], exit_code=1)
     assert (bus.category, bus.failure_type) == ("infrastructure", "gpu_fell_off_bus")
 
 
@@ -265,8 +251,8 @@ def test_a_log_that_ends_inside_a_traceback_is_a_failure_placed_by_its_frames(en
               "[rank0]:    main()",
               '[rank0]:  File "/workspace/data/loader.py", line 41, in build',
               "[rank0]:    rows = parse(path)"]
-    cut = diagnose(engine, [progress(0, i) for i in range(5)] + frames, exit_code=None)
+    cut = diagnose_lines(engine, [progress(0, i) for i in range(5)] + frames, exit_code=None)
     assert (cut.status, cut.category, cut.action) == ("failed", "script", "no_restart")
     assert "Traceback" in cut.root_cause.text
-    survived = diagnose(engine, frames + [progress(0, i, t="12:30:00") for i in range(5, 40)], exit_code=0)
+    survived = diagnose_lines(engine, frames + [progress(0, i, t="12:30:00") for i in range(5, 40)], exit_code=0)
     assert survived.status == "healthy"

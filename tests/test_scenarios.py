@@ -10,19 +10,10 @@ import io
 
 import pytest
 
-from logdx.config import load_settings
 from logdx.pipeline import Engine
 from logdx.synth import SCENARIOS, generate
 
 STYLES = ("torchrun_tee", "srun")
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    settings = load_settings(env={})
-    settings.llm.enabled = False
-    settings.retrieval.enabled = False
-    return Engine.create(settings)
 
 
 def diagnose_generated(engine: Engine, scenario: str, style: str, seed: int, lines: int = 20_000):

@@ -7,17 +7,9 @@ from __future__ import annotations
 import pytest
 
 from logdx.compress import Compressor
-from logdx.config import load_settings
 from logdx.normalize import Normalizer
 from logdx.pipeline import Engine
 from logdx.timeline import checkpoint_step_of, forms, progress_shape_of
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    s = load_settings(env={})
-    s.llm.enabled = s.retrieval.enabled = False
-    return Engine.create(s)
 
 
 def feed(engine: Engine, lines: list[str], exit_code: int | None = None):

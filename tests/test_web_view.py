@@ -16,7 +16,7 @@ from logdx.act.alerts.webhook import webhook_payload
 from logdx.api.auth import Authenticator, token_digest
 from logdx.api.cookies import SessionCookies
 from logdx.api.errors import ApiError
-from logdx.config import Settings, load_settings
+from logdx.config import Settings
 from logdx.pipeline import Engine, Session
 from logdx.store import Database
 from logdx.synth import generate
@@ -27,13 +27,6 @@ from logdx.web.store import JobViews
 from logdx.web.view import JobView, build_view, view_from_report
 
 RANKS, GPUS_PER_HOST = 16, 8
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    s = load_settings(env={})
-    s.llm.enabled = s.retrieval.enabled = False
-    return Engine.create(s)
 
 
 @pytest.fixture(scope="module")

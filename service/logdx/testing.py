@@ -3,6 +3,7 @@
     from logdx.testing import Clock, cpu_seconds, failed_report, wait_until
     from logdx.testing import TempNats, TempPostgres   # servers of a test's own, to restart or kill
     from logdx.testing import Fleet                     # shippers that retry, and what they saw
+    from logdx.testing import rules_engine, diagnose_lines   # the pipeline, rules only, on a list of lines
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from logdx.act.report import CompressionFigures, Culprits, Report, RootCause
 from logdx.model import FT, Action, Category
 
-__all__ = ["Clock", "CpuSeconds", "Fleet", "Outcome", "TempNats", "TempPostgres", "cpu_seconds", "failed_report",
-           "free_port", "shipper_logs", "wait_until"]
+if TYPE_CHECKING:
+    from logdx.pipeline import Engine
+
+__all__ = ["Clock", "CpuSeconds", "Fleet", "Outcome", "TempNats", "TempPostgres", "cpu_seconds", "diagnose_lines",
+           "failed_report", "free_port", "rules_engine", "shipper_logs", "wait_until"]
 
 T = TypeVar("T")
 
@@ -38,6 +42,24 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
+
+
+def rules_engine() -> Engine:
+    """The pipeline with its defaults but no learned stage (no retrieval, no LLM): what the rules,
+    the catalog and the reading of the job's life decide. Build it once and share it: it is stateless."""
+    from logdx.config import load_settings
+    from logdx.pipeline import Engine
+
+    settings = load_settings(env={})
+    settings.llm.enabled = settings.retrieval.enabled = False
+    return Engine.create(settings)
+
+
+def diagnose_lines(engine: Engine, lines: list[str], exit_code: int | None = None) -> Report:
+    """One job of these lines, in order, diagnosed at its end (`exit_code`: how it ended, when known)."""
+    session = engine.new_session()
+    session.feed_lines(lines)
+    return session.report(exit_code=exit_code)
 
 
 def failed_report(hosts: tuple[str, ...] = ("node-17",), line_no: int = 33, **overrides: Any) -> Report:
