@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from logdx.act.render import action_words
 from logdx.testing import diagnose_lines
 
 
@@ -256,3 +257,33 @@ def test_a_log_that_ends_inside_a_traceback_is_a_failure_placed_by_its_frames(en
     assert "Traceback" in cut.root_cause.text
     survived = diagnose_lines(engine, frames + [progress(0, i, t="12:30:00") for i in range(5, 40)], exit_code=0)
     assert survived.status == "healthy"
+
+
+def _training(ranks: int, steps: int) -> list[str]:
+    """A timestamped multi-node job (8 ranks a host) logging a step a minute from 12:01."""
+    return [f"node-{r // 8}: [rank{r}]:2024-05-01 12:{i:02d}:00,000 - INFO - iteration {i} | loss 2.{i % 10} | lr 1e-4"
+            for i in range(1, steps + 1) for r in range(ranks)]
+
+
+def _scancel(at: str) -> list[str]:
+    return ["srun: Job step aborted: Waiting up to 62 seconds for job step to finish.",
+            "Main process received SIGTERM, exiting",
+            f"slurmstepd: error: *** STEP 1809579.0 ON node-0 CANCELLED AT 2024-05-01T{at}:00 ***",
+            f"slurmstepd: error: *** JOB 1809579 ON node-0 CANCELLED AT 2024-05-01T{at}:00 ***"]
+
+
+def test_a_job_cancelled_while_it_trained_is_not_restarted_and_blames_no_node(engine):
+    report = diagnose_lines(engine, _training(16, 39) + _scancel("12:40"))
+    assert (report.status, report.category, report.failure_type, report.action) == (
+        "failed", "infrastructure", "cancelled", "no_restart")
+    assert report.culprits.hosts == [] and report.root_cause is not None
+    assert "CANCELLED AT 2024-05-01T12:40:00 ***" in report.root_cause.text
+    words, _ = action_words(report)
+    assert words.startswith("DO NOT RESTART") and "owner must fix" not in words
+
+
+def test_a_job_cancelled_hours_after_it_stopped_advancing_is_a_hang(engine):
+    # The cancel is how somebody ended a stuck job: what the on-call needs is the hang.
+    report = diagnose_lines(engine, _training(16, 39) + _scancel("15:40"))
+    assert (report.category, report.failure_type) == ("infrastructure", "hang")
+    assert report.action != "no_restart"

@@ -233,6 +233,8 @@ def _verdict_problems(test: PackTest, report: Report) -> list[str]:
         out.append(f"verdict failure_type {report.failure_type}, expected {test.failure_type}")
     if test.category is not None and report.category != test.category:
         out.append(f"verdict category {report.category}, expected {test.category}")
+    if test.action is not None and report.action != test.action:
+        out.append(f"verdict action {report.action}, expected {test.action}")
     root = report.root_cause.line_no if report.root_cause is not None else None
     if test.root_line is not None and root != test.root_line:
         out.append(f"verdict root line {root}, expected {test.root_line}")

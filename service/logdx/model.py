@@ -85,6 +85,7 @@ class FT(StrEnum):
     STORAGE_ERROR = "storage_error"
     DISK_FULL = "disk_full"
     TIME_LIMIT = "time_limit"
+    CANCELLED = "cancelled"
     HANG = "hang"
     CUDA_OOM = "cuda_oom"
     HOST_OOM = "host_oom"

@@ -30,6 +30,7 @@ __all__ = [
     "default_action",
     "failure_types_of",
     "is_canonical",
+    "advice_of",
     "is_hardware",
     "is_resubmit",
     "make_label",
@@ -63,6 +64,7 @@ class _TypeSpec(BaseModel):
     title: str
     hardware: bool = False
     resubmit: bool = False
+    advice: str = ""
 
 
 class _FileSpec(BaseModel):
@@ -81,6 +83,7 @@ class FailureType:
     title: str
     hardware: bool = False
     resubmit: bool = False
+    advice: str = ""
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,7 @@ def load_taxonomy(path: Path = TAXONOMY_PATH) -> Taxonomy:
         problems.append(f"{path}: categories missing: {', '.join(sorted(c.value for c in missing))}")
     if problems:
         raise TaxonomyError("\n".join(problems))
-    types = {name: FailureType(name, t.category, t.action, t.title, t.hardware, t.resubmit)
+    types = {name: FailureType(name, t.category, t.action, t.title, t.hardware, t.resubmit, t.advice)
              for name, t in spec.failure_types.items()}
     return Taxonomy(
         types=types,
@@ -197,6 +200,13 @@ def is_hardware(failure_type: str | None) -> bool:
     return bool(t and t.hardware)
 
 
+def advice_of(failure_type: str | None) -> str:
+    """What to do about this type in words of its own, where the action's generic words would
+    mislead ("resubmit", not "restart"); empty: the action's words say it."""
+    t = taxonomy().types.get(failure_type or "")
+    return t.advice if t is not None else ""
+
+
 def is_resubmit(failure_type: str | None) -> bool:
     t = taxonomy().types.get(failure_type or "")
     return bool(t and t.resubmit)
@@ -218,7 +228,8 @@ def allowed_actions(category: Category | str, failure_type: str) -> frozenset[Ac
     if cat is Category.UNKNOWN:
         # A hang with no error says nothing of its cause, and a restart is what clears most hangs.
         return frozenset({Action.NO_RESTART, Action.RESTART})
-    if cat is not Category.INFRASTRUCTURE:
+    if cat is not Category.INFRASTRUCTURE or default_action(cat, failure_type) is Action.NO_RESTART:
+        # The second: infrastructure that nothing should rerun (a job somebody cancelled).
         return frozenset({Action.NO_RESTART})
     if is_resubmit(failure_type):
         return frozenset({Action.RESTART})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from logdx.act.report import Report
 from logdx.model import FT, Action, Category
-from logdx.taxonomy import is_resubmit
+from logdx.taxonomy import advice_of
 
 _RESET = "\x1b[0m"
 _STYLES = {
@@ -21,29 +21,33 @@ _ACTION_WORDS = {
     Action.NO_RESTART: ("DO NOT RESTART: the owner must fix it", "yellow"),
     Action.NONE: ("nothing to do", "green"),
 }
-_RESUBMIT = ("RESUBMIT from the last checkpoint (the scheduler ended the job; no node to blame)", "yellow")
 _SENTENCES = {
     Action.CORDON_AND_RESTART: "Cordon the node, then restart",
     Action.RESTART: "Restart the job",
     Action.NO_RESTART: "Do not restart: the owner must fix it",
     Action.NONE: "Nothing to do",
 }
-_RESUBMIT_SENTENCE = "Resubmit from the last checkpoint (the scheduler ended the job; no node to blame)"
 _MAX_TEXT = 240
 
 
 def action_words(report: Report) -> tuple[str, str]:
     """What the report recommends, in capitals for the terminal, and its colour."""
-    if report.status == "failed" and is_resubmit(report.failure_type):
-        return _RESUBMIT
+    advice = _advice(report)
+    if advice:
+        # Capitals for what to do (up to a colon, else the first word), as the generic words have.
+        head, sep, rest = advice.partition(":") if ":" in advice else advice.partition(" ")
+        return head.upper() + sep + rest, "yellow"
     return _ACTION_WORDS[report.action]
 
 
 def recommended_action(report: Report) -> str:
     """What the report recommends, as a sentence (alerts); says the same as `action_words`."""
-    if report.status == "failed" and is_resubmit(report.failure_type):
-        return _RESUBMIT_SENTENCE
-    return _SENTENCES[report.action]
+    advice = _advice(report)
+    return advice[:1].upper() + advice[1:] if advice else _SENTENCES[report.action]
+
+
+def _advice(report: Report) -> str:
+    return advice_of(report.failure_type) if report.status == "failed" else ""
 
 
 def render_text(report: Report, color: bool = False) -> str:

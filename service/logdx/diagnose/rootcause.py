@@ -533,6 +533,8 @@ def _explain(
         return "No failure signature found in the log."
     where = _where(hosts, ranks, gpus)
     title = winner.hit.title
+    if role == Role.SYMPTOM and winner.hit.label.failure_type == FT.CANCELLED:
+        return f"{title}, at line {winner.hit.line.line_no}; nothing failed before it."
     if role == Role.SYMPTOM:
         reporters = set().union(*(f.ranks for f in findings if f.hit.role == Role.SYMPTOM))
         text = f"Only symptoms found: {title} on {len(reporters) or 'several'} ranks"

@@ -35,6 +35,7 @@ class PackTest:
     status: str | None = None  # the verdict's, when the test states one
     category: str | None = None
     failure_type: str | None = None
+    action: str | None = None
     root_line: int | None = None
 
     def where(self) -> str:

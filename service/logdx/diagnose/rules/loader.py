@@ -236,6 +236,7 @@ def _load_test(raw: Any, pack: str, shown: str, lines: _Lines, data: Any, tpath:
         events=tuple((e.rule, EventKind(e.kind) if e.kind else None, e.line) for e in spec.events),
         status=v.status if v else None, category=v.category if v else None,
         failure_type=v.failure_type if v else None, root_line=v.root_line if v else None,
+        action=v.action.value if v and v.action else None,
     )
 
 

@@ -103,6 +103,7 @@ class VerdictExpect(BaseModel):
     status: Literal["failed", "healthy"] = "failed"
     category: _Category | None = None
     failure_type: _NonEmpty | None = None
+    action: _Action | None = None
     root_line: _LineIndex | None = None
 
 
