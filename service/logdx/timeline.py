@@ -53,6 +53,8 @@ _MAX_CHECKPOINTS = 256
 _LEARN_LINES = 48
 _LEARN_RISES = 4
 _WARM_UP_STEPS = 50
+_GRAD_SURGE = 10  # a gradient norm this many times its course has blown up...
+_GRAD_LEAD = 3  # ...and a loss spike within this many points after it began there
 # The counter-only fast path (most progress lines of a big job: every rank printing the same step) reads
 # the number of a loop's first lines, then of one line in _SAMPLE.
 _EXACT_LINES = 32
@@ -392,6 +394,9 @@ class _Watch:
     nan_from: tuple[Record, float] | None = None
     skipped_total: float | None = None  # the last cumulative count (DeepSpeed's "skipped=N")
     grad_baseline: float | None = None
+    # A gradient norm far above its course, with the loss still on its own: (line, step, points since).
+    # The norm blows up a point or two before the loss follows; that first point is where it began.
+    grad_surge: tuple[Record, float, int] | None = None
 
 
 @dataclass(slots=True)
@@ -572,6 +577,11 @@ class Timeline:
     def _measure(self, rec: Record, source_key: str, values: dict[str, float], src: _Source) -> LossSignal | None:
         self.last_loss = values.get("loss")
         step = src.step if src.step is not None else (self.max_step if self.max_step is not None else float(src.lines))
+        in_epochs = "step" not in values and "epoch" in values
+        if in_epochs and self.max_step is not None and self.max_step > step:
+            # HF Trainer's "{'loss': ..., 'epoch': 0.18}" counts in fractions of an epoch; a step counter on
+            # another line of the job (its tqdm bar) says where that is in steps.
+            step, in_epochs = self.max_step, False
         timed = "step_time_ms" in values or "step_time_s" in values or "it_per_s" in values
         if timed and self._time_source is None:
             self._time_source = source_key
@@ -590,7 +600,7 @@ class Timeline:
         signal = None
         if "loss" in values:
             self._loss.add(step, values["loss"])
-            signal = self._watch_loss(rec, step, values["loss"])
+            signal = self._watch_loss(rec, step, values["loss"], in_epochs)
         if "nan_iters" in values:
             nan_signal = self._watch_nan_iters(rec, step, values["nan_iters"])
             signal = signal or nan_signal
@@ -602,7 +612,7 @@ class Timeline:
 
     # -- divergence -------------------------------------------------------------------------------------
 
-    def _watch_loss(self, rec: Record, step: float, loss: float) -> LossSignal | None:
+    def _watch_loss(self, rec: Record, step: float, loss: float, in_epochs: bool = False) -> LossSignal | None:
         w = self._watch
         if not math.isfinite(loss):
             if w.onset is None:
@@ -627,8 +637,14 @@ class Timeline:
         if w.baseline is None or w.low is None:
             w.baseline = w.low = loss
             return None
-        if loss > _course(w.low, w.spread) and not _warming_up(step, w.seen):
-            _start(w, rec, step, "spike", loss)
+        # Warm-up by steps, or by points when the counter is a fraction of an epoch (never 50 of them).
+        warming = w.seen < self.min_points if in_epochs else _warming_up(step, w.seen)
+        if loss > _course(w.low, w.spread) and not warming:
+            surge = w.grad_surge
+            if surge is not None and surge[2] <= _GRAD_LEAD:
+                _start(w, surge[0], surge[1], "spike", loss)
+            else:
+                _start(w, rec, step, "spike", loss)
             return None
         w.baseline = 0.9 * w.baseline + 0.1 * loss
         w.low = min(w.low, w.baseline)
@@ -740,6 +756,11 @@ class Timeline:
         if grad > 100 * max(w.grad_baseline, 1e-6) and w.onset is None and loss is None:
             _start(w, rec, step, "grad_norm", grad)
             return None
+        if loss is not None and grad > _GRAD_SURGE * max(w.grad_baseline, 1e-6):
+            surge = w.grad_surge
+            w.grad_surge = (rec, step, 0) if surge is None else (surge[0], surge[1], surge[2] + 1)
+            return None  # the course is not moved by a surge
+        w.grad_surge = None
         w.grad_baseline = 0.95 * w.grad_baseline + 0.05 * grad
         return None
 

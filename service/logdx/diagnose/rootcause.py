@@ -96,7 +96,9 @@ def find_root_cause(
     winner, role, att = _hang(winner, role, findings, dumps, summary)
     vote = _vote(winner, findings)
     context = failure_context(winner.hit.line if winner else likeliest_unexplained(unexplained), winner, templates)
-    explanation = _explain(winner, role, findings, att.hosts, att.ranks, att.gpus) + _raised_where(winner, rules)
+    explanation = _explain(winner, role, findings, att.hosts, att.ranks, att.gpus)
+    if role is not Role.SYMPTOM:  # where a symptom was raised (KeyboardInterrupt) says nothing of a cause
+        explanation += _raised_where(winner, rules)
     hint = _hint(winner, rules, att.hosts, att.ranks, att.gpus)
     return RulesOutcome(
         vote=vote,
@@ -298,6 +300,7 @@ def _earliest(findings: list[Finding]) -> Finding:
 
 
 def _choose(findings: list[Finding], summary: CompressionSummary) -> tuple[Finding | None, Role | None]:
+    findings = _without_echoes_of_an_interrupt(findings)
     roots = _graver_than_warnings([f for f in findings if f.hit.role == Role.ROOT_CAUSE])
     if roots:
         winner = _graver_explanation(_earliest(roots), roots, summary)
@@ -319,6 +322,19 @@ def _choose(findings: list[Finding], summary: CompressionSummary) -> tuple[Findi
         ends = [f for f in symptoms if f.hit.label.failure_type in _ENDS_BEFORE_ECHOES and _earlier(f.event, first.event)]
         return (_earliest(ends) if ends else first), Role.SYMPTOM
     return None, None
+
+
+def _without_echoes_of_an_interrupt(findings: list[Finding]) -> list[Finding]:
+    """A process interrupted from outside raises the interrupt (KeyboardInterrupt, torch's
+    SignalException); an exception raised after the first such one is how the job came down (a
+    launcher's handler failing while it kills the ranks), not why. Lines that are not exceptions (a
+    scheduler's NODE FAILURE, an Xid) stay: they may well be why somebody stopped the job."""
+    stops = [f for f in findings if f.hit.label.failure_type == FT.CANCELLED and f.event.exception_type]
+    if not stops:
+        return findings
+    stop = _earliest(stops)
+    return [f for f in findings
+            if f.hit.role is not Role.ROOT_CAUSE or not f.event.exception_type or not _earlier(stop.event, f.event)]
 
 
 def _graver_than_warnings(findings: list[Finding]) -> list[Finding]:
