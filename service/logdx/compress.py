@@ -31,6 +31,7 @@ from logdx.patterns import (
     PARAM,
     TRACEBACK_START,
     exception_line,
+    is_interleaved_stray,
     is_traceback_body,
     pci_key,
     strip_traceback_prefix,
@@ -302,6 +303,8 @@ class _SourceState:
     in_traceback: int = 0  # lines left in the current traceback, 0 when not in one
     after_exception: int = 0  # continuation lines of an exception message still to keep
     tb_prefix: str = ""  # what the logger writes before each traceback line
+    tb_writers: int = 0  # tracebacks begun in the current one: several processes printing into one stream
+    tb_strays: int = 0  # lines in a row among those that are no body (see patterns.is_interleaved_stray)
     in_block: int = 0  # lines left in the current block (see _Shape.block), 0 when not in one
     block_kind: str = ""
     last_progress_ts: float | None = None
@@ -574,6 +577,7 @@ class Compressor:
         if TRACEBACK_START in text:
             src.in_traceback = self.config.max_traceback_lines
             src.tb_prefix = traceback_prefix(text)
+            src.tb_writers, src.tb_strays = 1, 0
             return "traceback"
         if loss_anomaly:
             return "loss"
@@ -601,10 +605,18 @@ class Compressor:
 
     def _traceback_step(self, text: str, src: _SourceState) -> str:
         src.in_traceback -= 1
-        if not is_traceback_body(text):
-            # The first line back at the margin is the exception itself; its message may go on.
-            src.in_traceback = 0
-            src.after_exception = 3
+        if TRACEBACK_START in text:
+            src.tb_writers += 1  # another process's, into the same stream
+            return "traceback"
+        if is_traceback_body(text):
+            src.tb_strays = 0
+            return "traceback"
+        if is_interleaved_stray(text, src.tb_writers, src.tb_strays):
+            src.tb_strays += 1
+            return "traceback"
+        # The first line back at the margin is the exception itself; its message may go on.
+        src.in_traceback = 0
+        src.after_exception = 3
         return "traceback"
 
     def _room(self, soft: bool = False) -> bool:

@@ -19,6 +19,7 @@ from logdx.patterns import (
     ORIGINAL_TRACEBACK,
     TRACEBACK_START,
     exception_line,
+    is_interleaved_stray,
     is_traceback_body,
     strip_traceback_prefix,
     traceback_prefix,
@@ -86,6 +87,8 @@ class _OpenTraceback:
     continuation_left: int = 0
     prefix: str = ""  # what the logger writes before each traceback line
     glued: str | None = None  # the exception class glued to the closing line; its ": message" is next
+    writers: int = 1  # headers seen while open: processes printing their tracebacks into one stream at once
+    strays: int = 0  # lines in a row, among those, that are no traceback body (a frame's code that lost its indent)
 
 
 @dataclass(slots=True)
@@ -312,6 +315,7 @@ class Detector:
                     tb.event.attrs["header_exception"] = m.group("type")
             else:
                 tb.event.lines.append(rec)
+                tb.writers += 1
             return []
         if tb is None:
             # A stray exception or continuation without a header we saw: stand-alone line event.
@@ -323,9 +327,19 @@ class Detector:
             return self._continue_message(key, tb, rec, text)
         tb.event.lines.append(rec)
         if is_traceback_body(text):
+            tb.strays = 0
             self._add_frame(tb, text)
             return []
+        if self._stray_of_interleaved(tb, text):
+            return []
         return self._close_with_exception(tb, rec, text)
+
+    @staticmethod
+    def _stray_of_interleaved(tb: _OpenTraceback, text: str) -> bool:
+        if not is_interleaved_stray(text, tb.writers, tb.strays):
+            return False
+        tb.strays += 1
+        return True
 
     def _add_frame(self, tb: _OpenTraceback, text: str) -> None:
         frames = tb.event.frames

@@ -88,6 +88,20 @@ def mask(text: str) -> str:
     return MASK.sub(PARAM, text)
 
 
+# Lines in a row of an interleaved traceback that are no body, before it counts as cut off.
+INTERLEAVED_STRAYS = 4
+
+
+def is_interleaved_stray(text: str, writers: int, strays: int) -> bool:
+    """Ranks that print the same traceback into one stream at once cut each other's lines: a code line
+    loses its indent to another's "File" line. While several writers (`writers`: the tracebacks begun
+    and not ended) are at it, a line that is no exception is one of theirs, not the traceback's end; a
+    few in a row at most (`strays`: so far)."""
+    if writers < 2 or strays >= INTERLEAVED_STRAYS:
+        return False
+    return exception_line(text, closes_traceback=True) is None and GLUED_EXCEPTION.search(text.rstrip()) is None
+
+
 def is_traceback_body(text: str) -> bool:
     """A line inside a traceback (frame, code, caret, rich box) rather than the exception line."""
     if not text or text[0].isspace() or text[0] in "│╭╰┃┏┗|":
