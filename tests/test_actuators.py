@@ -14,7 +14,8 @@ import sys
 import pytest
 
 from logdx.act.actions import Actions
-from logdx.act.actuators import TAINT_KEY, NodeName, SlurmActuator, TemplateError, fill_command, node_names
+from logdx.act.actuators import TAINT_KEY, NodeName, SlurmActuator, node_names
+from logdx.act.actuators.restart import TemplateError, fill_command
 from logdx.act.policy import AttemptOutcome, restart_verdict
 from logdx.act.report import Culprits, Report, RootCause
 from logdx.config import ActionsSettings
@@ -65,8 +66,8 @@ def scontrol(tmp_path, monkeypatch):
     return read
 
 
-def kube_settings(kube, **kw) -> ActionsSettings:
-    base = dict(actuator="kubernetes", kube_api=kube.url, kube_token="t0ken", dry_run=False)
+def kube_settings(kube, taint: bool = False, **kw) -> ActionsSettings:
+    base = dict(actuator="kubernetes", kubernetes={"api": kube.url, "token": "t0ken", "taint": taint}, dry_run=False)
     base.update(kw)
     return ActionsSettings(**base)
 
@@ -75,7 +76,7 @@ def kube_settings(kube, **kw) -> ActionsSettings:
 
 
 def test_kubernetes_cordon_patches_the_node(kube, db):
-    actions = Actions(db, kube_settings(kube, kube_taint=True))
+    actions = Actions(db, kube_settings(kube, taint=True))
     [rec] = actions.apply("job-1", make_report())
     assert (rec.action, rec.actuator, rec.node, rec.outcome, rec.dry_run) == \
         ("cordon", "kubernetes", "node-17", "ok", False)
@@ -109,7 +110,7 @@ def test_kubernetes_unknown_node_is_a_failure_in_the_audit(kube, db):
 
 
 def test_dry_run_is_the_default_and_only_audits(kube, db, scontrol):
-    s = ActionsSettings(actuator="kubernetes", kube_api=kube.url)
+    s = ActionsSettings(actuator="kubernetes", kubernetes={"api": kube.url})
     assert s.dry_run is True
     [rec] = Actions(db, s).apply("job-1", make_report())
     assert rec.outcome == "dry_run" and rec.dry_run is True
@@ -138,7 +139,7 @@ def test_slurm_failure_is_audited_with_its_message(db, scontrol, monkeypatch):
 
 
 def test_missing_scontrol_is_a_failure_not_a_crash(db):
-    s = ActionsSettings(actuator="slurm", dry_run=False, scontrol="/nonexistent/scontrol")
+    s = ActionsSettings(actuator="slurm", dry_run=False, slurm={"scontrol": "/nonexistent/scontrol"})
     [rec] = Actions(db, s).apply("1", make_report())
     assert rec.outcome == "failed" and "FileNotFoundError" in rec.detail
 
@@ -192,7 +193,7 @@ def test_node_names_are_validated_and_actuators_refuse_plain_strings(db, scontro
         (["gpu-001", "n1.dc"], ["gpu[001-512]", "a,b", "ALL", "x y", "$(touch pwned)"])
     with pytest.raises(ValueError):
         NodeName("gpu[001-512]")
-    slurm = SlurmActuator(ActionsSettings(actuator="slurm", dry_run=False))
+    slurm = SlurmActuator(SlurmActuator.Settings())
     with pytest.raises(TypeError):
         slurm.cordon("gpu[001-512]", "job", make_report())  # type: ignore[arg-type]
     assert scontrol() == []
@@ -362,7 +363,7 @@ def test_uncordon_by_a_person_and_by_a_passing_health_check(kube, db, tmp_path):
     clock = Clock()
     check = tmp_path / "check.py"
     check.write_text("import sys; sys.exit(0 if sys.argv[1] == 'node-17' else 1)\n")
-    s = kube_settings(kube, kube_taint=True, health_check_command=[sys.executable, str(check), "{node}"],
+    s = kube_settings(kube, taint=True, health_check_command=[sys.executable, str(check), "{node}"],
                       uncordon_after_s=600, cluster_size=20)
     actions = Actions(db, s, clock=clock)
     actions.apply("job-1", make_report(hosts=("node-17",)))
@@ -443,7 +444,7 @@ def test_shell_commands_that_pass_values_as_arguments_are_fine(template):
 
 
 def test_restart_hook_dry_run_and_failure(kube, db, tmp_path):
-    s = ActionsSettings(actuator="kubernetes", kube_api=kube.url, restart_command=f"touch {tmp_path}/x")
+    s = ActionsSettings(actuator="kubernetes", kubernetes={"api": kube.url}, restart_command=f"touch {tmp_path}/x")
     recs = Actions(db, s).apply("job-1", make_report())
     assert recs[-1].action == "restart" and recs[-1].outcome == "dry_run" and "would run" in recs[-1].detail
     assert not (tmp_path / "x").exists()

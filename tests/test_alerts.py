@@ -12,7 +12,8 @@ import time
 import pytest
 from standardwebhooks import Webhook
 
-from logdx.act.alerts import Alert, Outbox, OutboxWorker, sign, slack_payload, verify
+from logdx.act.alerts import Alert, sign, slack_payload, verify
+from logdx.act.alerts.outbox import Outbox, OutboxWorker
 from logdx.act.report import CompressionFigures, Culprits, Report, RootCause
 from logdx.config import AlertsSettings, ConfigError, load_settings
 from logdx.store import open_db
@@ -413,7 +414,7 @@ def test_the_alert_states_the_recommendation_and_what_was_actually_done(rx, db, 
 
     alerts = {"webhooks": [{"url": rx.url + "/hook", "secret": SECRET}], "node_dedup_s": 0}
     refused = Responder(db, Settings(alerts=alerts, actions={"actuator": "slurm", "dry_run": False,
-                                                            "max_cordons": 0, "scontrol": "/bin/false"}))
+                                                            "max_cordons": 0, "slurm": {"scontrol": "/bin/false"}}))
     resp = refused.respond("job-1", failed_report())
     assert resp.alert_queued and [a.outcome for a in resp.actions] == ["refused"]
     dry = Responder(db, Settings(alerts=alerts, actions={"actuator": "slurm"}))

@@ -137,7 +137,7 @@ def _ship_per_host(c: httpx.Client, job_id: str, xid_host: str | None) -> None:
 
 
 def _kube_server(tmp_path: Path, rx: Receiver, kube: Any) -> Server:
-    return _server(tmp_path, rx, actions={"actuator": "kubernetes", "kube_api": kube.url, "cluster_size": 20})
+    return _server(tmp_path, rx, actions={"actuator": "kubernetes", "kubernetes": {"api": kube.url}, "cluster_size": 20})
 
 
 def test_an_xid_without_a_host_cordons_nothing_through_files_ndjson_and_text(tmp_path, rx, kube):
@@ -196,7 +196,7 @@ def test_a_node_range_line_shipped_with_a_host_drains_not_that_host(tmp_path, rx
     """Issue 20 point 5: `Node failure on gpu[001-512]` sent with `X-Logdx-Host: n`: the range is
     refused and the host that printed the line is not blamed, nor drained, instead."""
     script, calls = scontrol
-    srv = _server(tmp_path, rx, actions={"actuator": "slurm", "scontrol": str(script)})
+    srv = _server(tmp_path, rx, actions={"actuator": "slurm", "slurm": {"scontrol": str(script)}})
     try:
         with srv.client() as c:
             _post(c, "range-2", ["[rank0]:  iteration        1/     100 | lm loss: 6.45E+00 |"], "n")
@@ -213,7 +213,7 @@ def test_a_node_range_line_shipped_with_a_host_drains_not_that_host(tmp_path, rx
 
 def test_a_node_range_line_drains_nothing_through_the_service(tmp_path, rx, scontrol):
     script, calls = scontrol
-    srv = _server(tmp_path, rx, actions={"actuator": "slurm", "scontrol": str(script)})
+    srv = _server(tmp_path, rx, actions={"actuator": "slurm", "slurm": {"scontrol": str(script)}})
     try:
         with srv.client() as c:
             _post(c, "range-1", ["[rank0]:  iteration        1/     100 | lm loss: 6.45E+00 |",
@@ -248,7 +248,7 @@ def _logdx(tmp_path: Path, config: Path, *args: str) -> subprocess.CompletedProc
 
 def test_breaker_opens_at_its_threshold_stays_open_and_a_person_resets_it(tmp_path, rx, kube):
     # 4 known nodes, at most 25% under cordon: the second node trips the breaker.
-    srv = _server(tmp_path, rx, actions={"actuator": "kubernetes", "kube_api": kube.url, "cluster_size": 4,
+    srv = _server(tmp_path, rx, actions={"actuator": "kubernetes", "kubernetes": {"api": kube.url}, "cluster_size": 4,
                                          "breaker_max_share": 0.25, "max_cordons": 10},
                   alerts={"node_dedup_s": 0})
     try:
@@ -287,7 +287,7 @@ def test_breaker_opens_at_its_threshold_stays_open_and_a_person_resets_it(tmp_pa
 
 
 def test_nodes_blamed_by_several_jobs_and_uncordon_with_resolved(tmp_path, rx, kube):
-    srv = _server(tmp_path, rx, actions={"actuator": "kubernetes", "kube_api": kube.url, "cluster_size": 20},
+    srv = _server(tmp_path, rx, actions={"actuator": "kubernetes", "kubernetes": {"api": kube.url}, "cluster_size": 20},
                   alerts={"node_dedup_s": 3600})
     try:
         with srv.client() as c:
@@ -363,7 +363,7 @@ def test_the_restart_hook_learns_from_the_attempts_and_a_time_limit_resubmits(tm
     restarts = tmp_path / "restarts.jsonl"
     hook = [PY, "-c", "import json, sys; open(sys.argv[1], 'a').write(json.dumps(sys.argv[2:]) + '\\n')",
             str(restarts), "{job_id}", "{failure_type}", "{hosts}"]
-    srv = _server(tmp_path, rx, actions={"actuator": "kubernetes", "kube_api": kube.url, "cluster_size": 20,
+    srv = _server(tmp_path, rx, actions={"actuator": "kubernetes", "kubernetes": {"api": kube.url}, "cluster_size": 20,
                                          "restart_command": hook}, alerts={"node_dedup_s": 0})
 
     def restarted() -> list[list[str]]:
@@ -409,7 +409,7 @@ def test_sigkill_during_long_uploads_yields_one_alert_and_one_action_per_diagnos
     script, calls = scontrol
     restarts = tmp_path / "restarts.txt"
     hook = [PY, "-c", "import sys; open(sys.argv[1], 'a').write(sys.argv[2] + '\\n')", str(restarts), "{job_id}"]
-    srv = _server(tmp_path, rx, actions={"actuator": "slurm", "scontrol": str(script), "restart_command": hook,
+    srv = _server(tmp_path, rx, actions={"actuator": "slurm", "slurm": {"scontrol": str(script)}, "restart_command": hook,
                                          "cluster_size": 20})
     job = make_job(ranks=16, steps=150, culprit=5)
     total = sum(len(v) for v in job.values())

@@ -404,7 +404,7 @@ def _config(tmp_path: Path, rx_url: str) -> Path:
     cfg = tmp_path / "logdx.yaml"
     cfg.write_text(
         f"store: {{path: {tmp_path / 'logdx.db'}}}\n"
-        "actions: {actuator: slurm, scontrol: scontrol}\n"
+        "actions: {actuator: slurm, slurm: {scontrol: scontrol}}\n"
         f"alerts: {{webhooks: [{{url: '{rx_url}/hook', secret: '{SECRET}'}}], backoff_initial_s: 0.1}}\n"
     )
     return cfg

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from logdx.act.actuators import ACTUATORS
-from logdx.config import ActionsSettings
 from logdx.model import FT, Action, Category, EventKind, Severity
 from logdx.taxonomy import load_taxonomy, taxonomy
 
@@ -132,9 +130,40 @@ def test_rule_kinds_are_the_event_kinds() -> None:
     assert {k.value for k in EventKind} == KNOWN_KINDS
 
 
-def test_the_actuator_setting_offers_exactly_the_registered_actuators() -> None:
-    # The setting's choices are written in config.py (which the actuators import); they must not drift.
-    choices = set(ActionsSettings.model_json_schema()["properties"]["actuator"]["enum"])
-    assert choices == {"none", *ACTUATORS}
-    for name, factory in ACTUATORS.items():
-        assert getattr(factory, "name", None) == name
+def _rendered_prompts() -> tuple[str, str]:
+    """The chat backend's system message and the embedded scorer's prompt, rendered by the code paths the
+    backends use (no model, no server)."""
+    from logdx.config import LLMSettings
+    from logdx.diagnose.llm.embedded import EmbeddedScorer
+    from logdx.diagnose.llm.openai import OpenAICompatibleClient
+    from logdx.diagnose.llm.prompts import Prompts
+    from logdx.model import FailureContext
+
+    ctx = FailureContext(root_text="[rank3]: RuntimeError: CUDA error: an illegal memory access was encountered",
+                         root_masked="", templates=[], excerpt=[], exception_type="RuntimeError")
+    prompts, settings = Prompts(), LLMSettings()
+    client = OpenAICompatibleClient(settings, prompts)
+    try:
+        system = client.messages(ctx)[0]["content"]
+    finally:
+        client.close()
+    return system, EmbeddedScorer(settings, prompts).build_prompt(ctx, [])
+
+
+def test_prompts_take_the_words_of_actions_and_categories_from_the_taxonomy(monkeypatch: pytest.MonkeyPatch) -> None:
+    prompts_dir = PACKAGE.parents[1] / "prompts"
+    sources = "".join(p.read_text(encoding="utf-8") for p in sorted(prompts_dir.rglob("*.j2")))
+    meanings = taxonomy().action_meanings
+    system, scorer = _rendered_prompts()
+    for action in (Action.CORDON_AND_RESTART, Action.RESTART, Action.NO_RESTART):
+        assert f'"{action.value}" ({meanings[action]})' in system
+        assert meanings[action] not in sources  # passed in, never typed in a template
+    for category in (Category.INFRASTRUCTURE, Category.FRAMEWORK, Category.SCRIPT):
+        assert taxonomy().category_titles[category] in scorer
+        assert taxonomy().category_titles[category] not in sources
+    # A word changed in the taxonomy is the word the model reads.
+    monkeypatch.setitem(meanings, Action.RESTART, "a meaning only this test gives")
+    monkeypatch.setitem(taxonomy().category_titles, Category.SCRIPT, "script: a title only this test gives")
+    system, scorer = _rendered_prompts()
+    assert '"restart" (a meaning only this test gives)' in system
+    assert "script: a title only this test gives" in scorer

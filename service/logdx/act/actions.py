@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from logdx.act.actuators import ActionFailed, NodeName, make_actuator, make_restart_hook
-from logdx.act.actuators.restart import hook_values
+from logdx.act.actuators import ACTUATORS, ActionFailed, NodeName, make_actuator
+from logdx.act.actuators.restart import hook_values, make_restart_hook
 from logdx.act.argv import HEALTH_CHECK_PLACEHOLDERS, fill_argv, parse_template
 from logdx.act.nodes import BreakerState, NodeBook
 from logdx.act.policy import (
@@ -41,7 +41,7 @@ from logdx.act.policy import (
     restart_refusal,
 )
 from logdx.act.report import Report
-from logdx.config import ActionsSettings
+from logdx.config import NO_ACTUATOR, ActionsSettings
 from logdx.model import Action
 from logdx.store import Store, migrate
 
@@ -201,7 +201,7 @@ class Actions:
 
     @property
     def _actuator_name(self) -> str:
-        return self.actuator.name if self.actuator is not None else "none"
+        return self.actuator.name if self.actuator is not None else NO_ACTUATOR
 
     def _record_blame(self, job_id: str, report: Report, targets: list[NodeName]) -> str:
         """The blamed nodes' history (`NodeBook.record_diagnosis`); returns why repeated events on the
@@ -217,8 +217,8 @@ class Actions:
     def _cordon(self, key: str, job_id: str, node: NodeName, report: Report, escalated: str) -> ActionRecord:
         s, actuator = self.settings, self.actuator
         if actuator is None:
-            return self._audit(key, job_id, node, "cordon", "none", "skipped",
-                               "no actuator configured (actions.actuator: kubernetes | slurm)", report)
+            return self._audit(key, job_id, node, "cordon", NO_ACTUATOR, "skipped",
+                               f"no actuator configured (actions.actuator: {' | '.join(ACTUATORS)})", report)
         state, by, _ = self.nodes.state_of(node)
         if state == "cordoned":
             return self._audit(key, job_id, node, "cordon", actuator.name, "skipped",

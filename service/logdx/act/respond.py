@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from logdx.act.actions import ActionRecord, Actions
-from logdx.act.alerts import Outbox, OutboxWorker
+from logdx.act.alerts.outbox import Outbox, OutboxWorker
 from logdx.act.policy import RestartVerdict
 from logdx.act.report import Report
 from logdx.config import Settings

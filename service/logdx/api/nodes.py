@@ -20,6 +20,7 @@ from logdx.act.actuators import NodeName
 from logdx.api.auth import OPERATE, READ, Principal, audit_name
 from logdx.api.deps import ServicesDep, permit, require_token
 from logdx.api.errors import ApiError, ErrorBody
+from logdx.config import actuator_choices, choices_schema
 
 __all__ = ["nodes_router"]
 
@@ -97,7 +98,8 @@ class BreakerOut(BaseModel):
 
 class ActionsOut(BaseModel):
     dry_run: bool
-    actuator: str
+    actuator: str = Field(json_schema_extra=choices_schema(actuator_choices()),
+                          description="actions.actuator: none, or a registered actuator")
     breaker: BreakerOut
     cordoned_in_window: list[str] = Field(description="nodes cordoned for real within actions.window_s")
     max_cordons: int

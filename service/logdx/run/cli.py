@@ -160,7 +160,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _open_responder(settings: Settings) -> tuple[Responder | None, Database | None]:
     """Alerts and actions, when configured. Supervising the job matters more than auditing it: a
     store that cannot be opened costs them, with a message, not the run."""
-    wanted = settings.actions.actuator != "none" or settings.alerts.slack or settings.alerts.webhooks
+    wanted = settings.actions.actuator_settings() is not None or settings.alerts.has_destinations()
     if not wanted:
         return None, None
     from logdx.act.respond import Responder

@@ -168,7 +168,7 @@ class Supervisor:
         also = [f"excluded {', '.join(excluded)} from the next launch"] if excluded else []
         also.append(f"logdx run: {a.decision}")
         if r is None:
-            if excluded and self.actions_settings.actuator == "none":
+            if excluded and self.actions_settings.actuator_settings() is None:
                 self.say(f"not cordoning {', '.join(excluded)}: no actuator configured (actions.actuator)")
             return
         response = r.respond(self._alert_id(a), a.report, restart=False, verdict=verdict_of(a, previous),

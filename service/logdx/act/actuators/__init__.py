@@ -1,54 +1,42 @@
-"""Actuators (cordon a node) and restart hooks, each behind a small Protocol (`base.py`).
+"""Actuators (cordon a node), each behind a small Protocol (`base.py`); restart hooks are `restart.py`.
 
-`ACTUATORS` maps `actions.actuator` to an implementation; `logdx.act.actions.Actions` applies the
-policy (`logdx.act.policy`), calls them, and audits every call.
+`ACTUATORS` is the registry: each class declares its own name (`actions.actuator`, the audit's `actuator`
+column) and its own settings (the section `actions.<name>`), and `logdx.config` builds the `actions`
+section from it. So this package stays light (no Kubernetes client, no HTTP client, no `logdx.config`
+at import): the configuration imports it. `logdx.act.actions.Actions` applies the policy
+(`logdx.act.policy`), calls the actuator, and audits every call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from logdx.act.actuators.base import ActionFailed, Actuator, NodeName, RestartHook, node_names
+from logdx.act.actuators.base import ActionFailed, Actuator, ActuatorClass, NodeName, RestartHook, node_names
 from logdx.act.actuators.kubernetes import TAINT_KEY, KubernetesActuator
-from logdx.act.actuators.restart import (
-    CommandRestart,
-    TemplateError,
-    WebhookRestart,
-    fill_argv,
-    fill_command,
-    make_restart_hook,
-    parse_template,
-)
 from logdx.act.actuators.slurm import SlurmActuator
-from logdx.config import ActionsSettings
+
+if TYPE_CHECKING:
+    from logdx.config import ActionsSettings
 
 __all__ = [
     "ACTUATORS",
     "TAINT_KEY",
     "ActionFailed",
     "Actuator",
-    "CommandRestart",
+    "ActuatorClass",
     "KubernetesActuator",
     "NodeName",
     "RestartHook",
     "SlurmActuator",
-    "TemplateError",
-    "WebhookRestart",
-    "fill_argv",
-    "fill_command",
     "make_actuator",
-    "make_restart_hook",
     "node_names",
-    "parse_template",
 ]
 
-# Each implementation declares its own name (`actions.actuator`, the audit's `actuator` column).
-ACTUATORS: dict[str, Callable[[ActionsSettings], Actuator]] = {
-    cls.name: cls for cls in (KubernetesActuator, SlurmActuator)
-}
+# One line per actuator: nothing else lists them.
+ACTUATORS: dict[str, ActuatorClass] = {cls.name: cls for cls in (KubernetesActuator, SlurmActuator)}
 
 
 def make_actuator(settings: ActionsSettings) -> Actuator | None:
-    """The configured actuator; None for `actions.actuator: none`."""
-    factory = ACTUATORS.get(settings.actuator)
-    return factory(settings) if factory is not None else None
+    """The configured actuator, built from its own section; None for `actions.actuator: none`."""
+    cls = ACTUATORS.get(settings.actuator)
+    return cls(settings.actuator_settings()) if cls is not None else None

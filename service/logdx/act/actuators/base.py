@@ -1,7 +1,8 @@
 """What an actuator and a restart hook are: the two ways logdx acts on a cluster.
 
-A new actuator is one module beside this one (see `slurm.py`, the smallest), one line in
-`ACTUATORS` (`__init__.py`) and its name in `ActionsSettings.actuator` (`logdx/config.py`). It never
+A new actuator is one module beside this one (see `slurm.py`, the smallest) and one line in
+`ACTUATORS` (`__init__.py`): its class declares its `name` (a choice of `actions.actuator`) and its
+`Settings` (the section `actions.<name>`), from which `logdx.config` builds the configuration. It never
 decides *whether* to act: `logdx.act.policy` does, and `logdx.act.actions.Actions` audits every call.
 
 Actuators only ever receive `NodeName`s: one plain, validated host name each (`logdx.hosts`), never
@@ -12,10 +13,11 @@ nodes. `node_names()` turns what a report says into such names and says what it 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 from logdx.act.report import Report
 from logdx.hosts import is_valid_hostname
+from logdx.settings_base import Section
 
 
 class ActionFailed(Exception):
@@ -80,6 +82,20 @@ class Actuator(Protocol):
 
     def uncordon(self, node: NodeName) -> str:
         """Put the node back into scheduling; returns what was done."""
+        ...
+
+
+class ActuatorClass(Protocol):
+    """What `ACTUATORS` holds: an actuator's class, which names itself and its settings section."""
+
+    name: str  # a choice of `actions.actuator`, and the name of its section `actions.<name>`
+
+    @property
+    def Settings(self) -> type[Section]:  # a class: the fields of `actions.<name>`
+        ...
+
+    def __call__(self, settings: Any) -> Actuator:
+        """Build the actuator from its own section (an instance of `Settings`)."""
         ...
 
 

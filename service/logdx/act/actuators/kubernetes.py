@@ -1,32 +1,45 @@
 """Kubernetes: cordon = PATCH the Node's `spec.unschedulable: true` (what `kubectl cordon` does),
-with an annotation saying why; with `actions.kube_taint`, also the taint
+with an annotation saying why; with `actions.kubernetes.taint`, also the taint
 `logdx.io/failure=<failure_type>:NoSchedule`; uncordon undoes all three. The API server is
-`actions.kube_api` with `actions.kube_token` when set, else the in-cluster service account, else
-`~/.kube/config`. Node names reach the API path only as validated `NodeName`s."""
+`actions.kubernetes.api` with `actions.kubernetes.token` when set, else the in-cluster service account,
+else `~/.kube/config`. Node names reach the API path only as validated `NodeName`s."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from logdx.act.actuators.base import NodeName, require_node
 from logdx.act.report import Report
-from logdx.config import ActionsSettings
+from logdx.settings_base import Section
 
 TAINT_KEY = "logdx.io/failure"
 ANNOTATION_KEY = "logdx.io/cordon-reason"
 KUBE_TIMEOUT_S = 30.0
 
 
+class KubernetesSettings(Section):
+    """How the Kubernetes actuator reaches the API server and marks a node."""
+
+    taint: bool = Field(False, description="also taint a cordoned node logdx.io/failure=<failure_type>:NoSchedule")
+    api: str = Field("", description="API server URL; empty: in-cluster service account, else ~/.kube/config")
+    token: str = Field("", description="bearer token for `api` (LOGDX_ACTIONS__KUBERNETES__TOKEN)")
+
+    moved_here = {"kube_taint": "taint", "kube_api": "api", "kube_token": "token"}
+
+
 class KubernetesActuator:
     name = "kubernetes"
+    Settings = KubernetesSettings
 
-    def __init__(self, settings: ActionsSettings) -> None:
+    def __init__(self, settings: KubernetesSettings) -> None:
         self.settings = settings
         self._api: Any = None  # kubernetes.client.CoreV1Api, built on first use
 
     def describe(self, node: NodeName, job_id: str, report: Report) -> str:
         what = f"PATCH node {node}: spec.unschedulable=true"
-        if self.settings.kube_taint:
+        if self.settings.taint:
             what += f", taint {TAINT_KEY}={report.failure_type}:NoSchedule"
         return what
 
@@ -35,11 +48,11 @@ class KubernetesActuator:
             from kubernetes import client, config
 
             s = self.settings
-            if s.kube_api:
+            if s.api:
                 cfg = client.Configuration()
-                cfg.host = s.kube_api.rstrip("/")
-                if s.kube_token:
-                    cfg.api_key = {"BearerToken": s.kube_token}
+                cfg.host = s.api.rstrip("/")
+                if s.token:
+                    cfg.api_key = {"BearerToken": s.token}
                     cfg.api_key_prefix = {"BearerToken": "Bearer"}
                 api_client = client.ApiClient(cfg)
             else:
@@ -53,7 +66,7 @@ class KubernetesActuator:
 
     def cordon(self, node: NodeName, job_id: str, report: Report) -> str:
         failure = report.failure_type or "unknown"
-        taint = self.settings.kube_taint
+        taint = self.settings.taint
 
         def patch_of(current: Any) -> dict[str, Any]:
             patch: dict[str, Any] = {

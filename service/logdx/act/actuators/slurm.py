@@ -1,5 +1,5 @@
 """Slurm: `scontrol update NodeName=<node> State=DRAIN Reason="logdx: <failure_type> <job>"` to
-cordon, `State=RESUME` to uncordon (`actions.scontrol` names the executable). The argv is built
+cordon, `State=RESUME` to uncordon (`actions.slurm.scontrol` names the executable). The argv is built
 from one validated `NodeName`, never from a range or a list, and run without a shell."""
 
 from __future__ import annotations
@@ -7,17 +7,28 @@ from __future__ import annotations
 import shlex
 import subprocess
 
+from pydantic import Field
+
 from logdx.act.actuators.base import NodeName, require_node
 from logdx.act.report import Report
-from logdx.config import ActionsSettings
+from logdx.settings_base import Section
 
 COMMAND_TIMEOUT_S = 60.0
 
 
+class SlurmSettings(Section):
+    """How the Slurm actuator drains and resumes a node."""
+
+    scontrol: str = Field("scontrol", description="the scontrol executable (a name on PATH, or a path)")
+
+    moved_here = {"scontrol": "scontrol"}
+
+
 class SlurmActuator:
     name = "slurm"
+    Settings = SlurmSettings
 
-    def __init__(self, settings: ActionsSettings) -> None:
+    def __init__(self, settings: SlurmSettings) -> None:
         self.scontrol = settings.scontrol
 
     def argv(self, node: NodeName, job_id: str, report: Report) -> list[str]:

@@ -2,26 +2,30 @@
 
 Alerts leave through a persisted outbox (`outbox.py`), so that a diagnosis made just before a crash
 or a restart is still delivered, and delivered once. Each kind of destination is one module behind
-the `Destination` protocol (`base.py`); `destinations.py` lists the configured ones. Destinations
-come only from the settings (`alerts.slack`, `alerts.webhooks`), never from a request.
+the `Destination` protocol (`base.py`), registered in `DESTINATIONS` (`destinations.py`), which the
+settings' lists (`alerts.slack`, `alerts.webhooks`) are built from. Destinations come only from the
+settings, never from a request.
+
+This package is imported by `logdx.config` (through `DESTINATIONS`): it stays light, and the outbox
+(HTTP client, store) is imported from `logdx.act.alerts.outbox` by those who deliver.
 """
 
 from __future__ import annotations
 
-from logdx.act.alerts.base import Alert, Destination, report_url
-from logdx.act.alerts.destinations import destinations
-from logdx.act.alerts.outbox import Outbox, OutboxWorker, dedupe_key
-from logdx.act.alerts.slack import SlackDestination, slack_payload
-from logdx.act.alerts.webhook import WebhookDestination, sign, verify, webhook_payload
+from logdx.act.alerts.base import Alert, Destination, DestinationClass, report_url
+from logdx.act.alerts.destinations import DESTINATIONS, destinations
+from logdx.act.alerts.slack import SlackDestination, SlackSettings, slack_payload
+from logdx.act.alerts.webhook import WebhookDestination, WebhookSettings, sign, verify, webhook_payload
 
 __all__ = [
+    "DESTINATIONS",
     "Alert",
     "Destination",
-    "Outbox",
-    "OutboxWorker",
+    "DestinationClass",
     "SlackDestination",
+    "SlackSettings",
     "WebhookDestination",
-    "dedupe_key",
+    "WebhookSettings",
     "destinations",
     "report_url",
     "sign",

@@ -1,15 +1,18 @@
-"""What an alert destination is. A new kind (PagerDuty, Teams...) is one module beside `slack.py`
-that implements `Destination`, a list in `AlertsSettings` (`logdx/config.py`), and one line in
-`destinations.py`; the outbox (`outbox.py`) queues, retries and dedupes for every kind alike."""
+"""What an alert destination is. A new kind (PagerDuty, Teams...) is one module beside `slack.py` that
+implements `Destination` and declares its `kind`, its `config_key` (the list `alerts.<config_key>`) and its
+`Settings` (one item of that list), and one line in `DESTINATIONS` (`destinations.py`): `logdx.config`
+builds the `alerts` section from there. The outbox (`outbox.py`) queues, retries and dedupes for every
+kind alike."""
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
 
 from logdx.act.report import Report
+from logdx.settings_base import Section
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +34,7 @@ class Alert:
 class Destination(Protocol):
     """Where alerts about one diagnosis go. Only the settings name destinations, never a request."""
 
-    kind: str  # "slack" | "webhook": the outbox's `kind` column and the metrics label
+    kind: str  # "slack", "webhook"...: the outbox's `kind` column and the metrics label
     url: str  # a credential for some kinds (Slack): never stored, looked up in the settings at send time
     key: str  # a stable fingerprint of kind and URL (see `dest_key`): what the outbox stores
     label: str  # recognisable and redacted, for humans
@@ -42,6 +45,21 @@ class Destination(Protocol):
 
     def headers(self, msg_id: str, body: bytes) -> dict[str, str]:
         """Headers of one delivery attempt (`msg_id` is stable across retries)."""
+        ...
+
+
+class DestinationClass(Protocol):
+    """What `DESTINATIONS` holds: a kind of destination, which names itself and its settings."""
+
+    kind: str  # the outbox's `kind` column and the metrics label
+    config_key: str  # the list `alerts.<config_key>` that configures destinations of this kind
+
+    @property
+    def Settings(self) -> type[Section]:  # a class: the fields of one item of that list
+        ...
+
+    def __call__(self, settings: Any, index: int) -> Destination:
+        """The destination one item (an instance of `Settings`, the `index`-th of its list) configures."""
         ...
 
 

@@ -1,14 +1,24 @@
-"""The destinations the settings configure, whatever their kind: add a new kind here."""
+"""The kinds of alert destination (`DESTINATIONS`: one line per kind, nothing else lists them) and the
+destinations the settings configure, whatever their kind.
+
+`logdx.config` builds the lists `alerts.<config_key>` from `DESTINATIONS`, so this module never imports
+the configuration at run time (it would be an import cycle).
+"""
 
 from __future__ import annotations
 
-from logdx.act.alerts.base import Destination
+from typing import TYPE_CHECKING
+
+from logdx.act.alerts.base import Destination, DestinationClass
 from logdx.act.alerts.slack import SlackDestination
 from logdx.act.alerts.webhook import WebhookDestination
-from logdx.config import AlertsSettings
+
+if TYPE_CHECKING:
+    from logdx.config import AlertsSettings
+
+DESTINATIONS: tuple[DestinationClass, ...] = (SlackDestination, WebhookDestination)
 
 
 def destinations(settings: AlertsSettings) -> list[Destination]:
-    out: list[Destination] = [SlackDestination(s.webhook_url, i) for i, s in enumerate(settings.slack)]
-    out += [WebhookDestination(w.url, w.secret, i) for i, w in enumerate(settings.webhooks)]
-    return out
+    """Every configured destination, kind by kind, each list in its configured order."""
+    return [kind(item, i) for kind in DESTINATIONS for i, item in enumerate(settings.destination_settings(kind))]

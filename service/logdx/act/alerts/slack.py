@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import Field
+
 from logdx.act.alerts.base import Alert, clip, dest_key, redact_origin
 from logdx.act.render import recommended_action
 from logdx.act.report import Report
 from logdx.model import FT, Category
+from logdx.settings_base import Section
 
 
 def _esc(text: str) -> str:
@@ -89,13 +92,21 @@ def _resolved_payload(alert: Alert, report_url: str | None) -> dict:
     return {"text": clip(f"{headline}: {alert.resolved}", 300), "blocks": blocks}
 
 
+class SlackSettings(Section):
+    """Slack incoming webhooks, one item per channel: `[{webhook_url: "https://hooks.slack.com/services/..."}]`."""
+
+    webhook_url: str = Field(description="the incoming webhook's URL (a credential: never stored, never logged)")
+
+
 class SlackDestination:
     kind = "slack"
+    config_key = "slack"
+    Settings = SlackSettings
 
-    def __init__(self, webhook_url: str, index: int = 0) -> None:
-        self.url = webhook_url
-        self.key = dest_key(self.kind, webhook_url)
-        self.label = f"slack[{index}] {redact_origin(webhook_url)}"
+    def __init__(self, settings: SlackSettings, index: int = 0) -> None:
+        self.url = settings.webhook_url
+        self.key = dest_key(self.kind, self.url)
+        self.label = f"slack[{index}] {redact_origin(self.url)}"
 
     def body(self, alert: Alert, report_url: str | None, now: float) -> bytes:
         return json.dumps(slack_payload(alert, report_url), separators=(",", ":"), ensure_ascii=False).encode()

@@ -2,7 +2,7 @@
 (https://www.standardwebhooks.com): headers `webhook-id` (stable across retries: the receiver's
 idempotency key), `webhook-timestamp` (the attempt's time, unix seconds) and
 `webhook-signature: v1,<base64 HMAC-SHA256>` of `"{webhook-id}.{webhook-timestamp}.{body}"`, keyed
-by the secret `whsec_<base64 key>` (checked when the settings load: `config.WebhookDestination`).
+by the secret `whsec_<base64 key>` (checked when the settings load: `WebhookSettings`).
 
 Signatures are made by the specification's own library (`standardwebhooks`), so they are what every
 official verifier computes. `verify()` is the receiver's side, for tests and for users' own
@@ -10,6 +10,8 @@ receivers, with a tolerance of its own."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import json
 import time
@@ -17,14 +19,48 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
+from pydantic import Field, field_validator
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import EmptyWebhookSecretError
 
 from logdx.act.alerts.base import Alert, dest_key, redact_origin
 from logdx.act.render import recommended_action
+from logdx.settings_base import Section
 
 EVENT_TYPE = "logdx.diagnosis"
 RESOLVED_TYPE = "logdx.resolved"
+SECRET_PREFIX = "whsec_"
+SECRET_MIN_BYTES = 24  # the Standard Webhooks specification's minimum key size
+
+
+class WebhookSettings(Section):
+    """Generic JSON webhooks signed per Standard Webhooks: `[{url: "https://...", secret: "whsec_..."}]`."""
+
+    url: str = Field(description="where the JSON is POSTed")
+    secret: str = Field(
+        "", description="Standard Webhooks signing secret: whsec_ and the base64 of 24 to 64 random bytes "
+        "(whsec_$(openssl rand -base64 32)); empty: deliveries are not signed")
+
+    @field_validator("secret")
+    @classmethod
+    def _standard_webhooks_secret(cls, v: str) -> str:
+        """Refused at load: a secret every official verifier would read differently from us (they
+        all take `whsec_<base64>`) means every delivery is rejected, silently, at 3 a.m."""
+        v = v.strip()
+        if not v:
+            return v
+        how = "write it as whsec_ followed by base64, e.g. whsec_$(openssl rand -base64 32)"
+        if not v.startswith(SECRET_PREFIX):
+            raise ValueError(f"a Standard Webhooks secret starts with {SECRET_PREFIX}: {how}")
+        raw = v[len(SECRET_PREFIX):]
+        try:
+            key = base64.b64decode(raw + "=" * (-len(raw) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError(f"the part after {SECRET_PREFIX} is not base64: {how}") from None
+        if len(key) < SECRET_MIN_BYTES:
+            raise ValueError(f"the key is {len(key)} bytes; Standard Webhooks keys are at least "
+                             f"{SECRET_MIN_BYTES} random bytes: {how}")
+        return v
 
 
 def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
@@ -78,12 +114,14 @@ def webhook_payload(alert: Alert, report_url: str | None, now: float | None = No
 
 class WebhookDestination:
     kind = "webhook"
+    config_key = "webhooks"
+    Settings = WebhookSettings
 
-    def __init__(self, url: str, secret: str = "", index: int = 0) -> None:
-        self.url = url
-        self.secret = secret
-        self.key = dest_key(self.kind, url)
-        self.label = f"webhook[{index}] {redact_origin(url)}{urlsplit(url).path}"
+    def __init__(self, settings: WebhookSettings, index: int = 0) -> None:
+        self.url = settings.url
+        self.secret = settings.secret
+        self.key = dest_key(self.kind, self.url)
+        self.label = f"webhook[{index}] {redact_origin(self.url)}{urlsplit(self.url).path}"
 
     def body(self, alert: Alert, report_url: str | None, now: float) -> bytes:
         payload = webhook_payload(alert, report_url, now)

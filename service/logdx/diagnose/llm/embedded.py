@@ -26,6 +26,7 @@ from logdx.diagnose.llm.prompts import Prompts
 from logdx.diagnose.llm.stage import BaseStage, ExampleSource, LLMUnavailable, unavailable
 from logdx.diagnose.threads import auto_threads, blas_threads, torch_threads
 from logdx.model import Evidence, FailureContext, StageVote
+from logdx.taxonomy import category_titles
 
 log = logging.getLogger("logdx.diagnose.llm")
 
@@ -122,7 +123,7 @@ class EmbeddedScorer(BaseStage):
                 break
         return self.prompts.render(
             "score/prompt.j2", examples=list(reversed(chosen)), lines=query_lines(ctx),
-            max_example_templates=MAX_EXAMPLE_TEMPLATES,
+            max_example_templates=MAX_EXAMPLE_TEMPLATES, categories=category_titles(),
         )
 
     def loglikelihoods(self, prompt: str, continuations: Sequence[str]) -> list[float]:

@@ -41,7 +41,7 @@ from logdx.diagnose.llm.labels import candidate_labels, example_dict, query_line
 from logdx.diagnose.llm.prompts import Prompts
 from logdx.diagnose.llm.stage import BaseStage, ExampleSource, LLMUnavailable
 from logdx.model import Action, Category, Evidence, FailureContext, Label, StageVote
-from logdx.taxonomy import default_action, failure_types_of, is_canonical, taxonomy
+from logdx.taxonomy import action_meanings, default_action, failure_types_of, is_canonical, taxonomy
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +197,7 @@ class OpenAICompatibleClient(BaseStage):
         return self.prompts.render(
             "chat/system.j2",
             failure_types={c.value: list(ts) for c, ts in taxonomy().by_category().items() if c is not Category.UNKNOWN},
+            actions=action_meanings(),
         )
 
     def _payload(self, messages: list[dict[str, str]], fmt: str, max_tokens: int) -> dict[str, Any]:
