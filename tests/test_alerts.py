@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from pydantic import ValidationError
 from standardwebhooks import Webhook
 
 from logdx.act.alerts import Alert, sign, slack_payload, verify
@@ -226,6 +227,15 @@ def test_nothing_is_queued_for_healthy_or_unsure_reports_or_without_destinations
     assert out.enqueue("job-1", make_report(confidence=0.5)) is False
     assert Outbox(db, AlertsSettings()).enqueue("job-1", make_report()) is False
     assert out.pending() == []
+
+
+def test_a_job_somebody_cancelled_alerts_nobody_unless_asked(rx, db):
+    cancelled = make_report(failure_type="cancelled", action="no_restart", confidence=0.2,
+                            culprits=Culprits(), hint="The job was cancelled (scancel).")
+    assert Outbox(db, settings(rx)).enqueue("job-1", cancelled) is False
+    assert Outbox(db, settings(rx, quiet_types=[])).enqueue("job-2", cancelled) is True
+    with pytest.raises(ValidationError, match="not failure types of the taxonomy: canceled"):
+        settings(rx, quiet_types=["canceled"])
 
 
 # -- retries ----------------------------------------------------------------------------------------

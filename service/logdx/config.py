@@ -39,6 +39,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource
 from logdx import yamlsafe
 from logdx.act.actuators import ACTUATORS
 from logdx.act.alerts.destinations import DESTINATIONS, DestinationClass
+from logdx.model import FT
 from logdx.settings_base import Section
 
 ENV_PREFIX = "LOGDX_"
@@ -373,6 +374,19 @@ class AlertsSettings(Section):
         "alert (0: every attempt alerts); other jobs always get their own alert")
     resolved: bool = Field(True, description="follow an alert with a 'resolved' message when the job later "
                            "succeeds or its node is uncordoned")
+    quiet_types: list[str] = Field(
+        default_factory=lambda: [FT.CANCELLED.value], description="failure types that send no alert (the "
+        "report is still stored and shown): by default a job somebody cancelled on purpose")
+
+    @field_validator("quiet_types")
+    @classmethod
+    def _known_types(cls, v: list[str]) -> list[str]:
+        from logdx.taxonomy import category_of
+
+        unknown = [t for t in v if category_of(t) is None]
+        if unknown:
+            raise ValueError(f"not failure types of the taxonomy: {', '.join(unknown)}")
+        return v
 
     def destination_settings(self, kind: DestinationClass) -> list[Section]:
         """The configured items of one kind of destination (`alerts.<kind.config_key>`)."""

@@ -56,6 +56,7 @@ class TaxonomyError(ValueError):
 class _ActionSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     meaning: str  # when it applies, one line
+    advice: str  # what to do, as a report words it ("cordon the node, then restart")
 
 
 class _CategorySpec(BaseModel):
@@ -98,6 +99,7 @@ class FailureType:
 class Taxonomy:
     types: dict[str, FailureType]
     action_meanings: dict[Action, str]  # when it applies, one line (the prompts)
+    action_advice: dict[Action, str]  # what to do, as reports word it
     category_actions: dict[Category, Action]
     category_titles: dict[Category, str]
     owners: dict[str, str]  # dotted module prefix -> failure type of what it raises
@@ -155,6 +157,7 @@ def load_taxonomy(path: Path = TAXONOMY_PATH) -> Taxonomy:
     return Taxonomy(
         types=types,
         action_meanings={a: s.meaning for a, s in spec.actions.items()},
+        action_advice={a: s.advice for a, s in spec.actions.items()},
         category_actions={c: s.action for c, s in spec.categories.items()},
         category_titles={c: s.title for c, s in spec.categories.items()},
         owners=dict(spec.owners),
@@ -223,11 +226,11 @@ def is_hardware(failure_type: str | None) -> bool:
     return bool(t and t.hardware)
 
 
-def advice_of(failure_type: str | None) -> str:
-    """What to do about this type in words of its own, where the action's generic words would
-    mislead ("resubmit", not "restart"); empty: the action's words say it."""
+def advice_of(action: Action, failure_type: str | None = None) -> str:
+    """What to do, as a report words it: the failure type's own words where the action's would mislead
+    ("resubmit", not "restart"), else the action's."""
     t = taxonomy().types.get(failure_type or "")
-    return t.advice if t is not None else ""
+    return t.advice if t is not None and t.advice else taxonomy().action_advice[action]
 
 
 def is_resubmit(failure_type: str | None) -> bool:

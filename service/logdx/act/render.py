@@ -15,39 +15,31 @@ _STYLES = {
     "yellow": "\x1b[33m",
     "cyan": "\x1b[36m",
 }
-_ACTION_WORDS = {
-    Action.CORDON_AND_RESTART: ("CORDON the node, then RESTART", "red"),
-    Action.RESTART: ("RESTART the job", "yellow"),
-    Action.NO_RESTART: ("DO NOT RESTART: the owner must fix it", "yellow"),
-    Action.NONE: ("nothing to do", "green"),
-}
-_SENTENCES = {
-    Action.CORDON_AND_RESTART: "Cordon the node, then restart",
-    Action.RESTART: "Restart the job",
-    Action.NO_RESTART: "Do not restart: the owner must fix it",
-    Action.NONE: "Nothing to do",
+_ACTION_TONES = {
+    Action.CORDON_AND_RESTART: "red",
+    Action.RESTART: "yellow",
+    Action.NO_RESTART: "yellow",
+    Action.NONE: "green",
 }
 _MAX_TEXT = 240
 
 
 def action_words(report: Report) -> tuple[str, str]:
-    """What the report recommends, in capitals for the terminal, and its colour."""
+    """What the report recommends, its verb in capitals for the terminal, and its colour."""
     advice = _advice(report)
-    if advice:
-        # Capitals for what to do (up to a colon, else the first word), as the generic words have.
-        head, sep, rest = advice.partition(":") if ":" in advice else advice.partition(" ")
-        return head.upper() + sep + rest, "yellow"
-    return _ACTION_WORDS[report.action]
+    # Capitals for what to do: up to a colon, else the first word ("RESUBMIT from ...").
+    head, sep, rest = advice.partition(":") if ":" in advice else advice.partition(" ")
+    return head.upper() + sep + rest, _ACTION_TONES[report.action]
 
 
 def recommended_action(report: Report) -> str:
     """What the report recommends, as a sentence (alerts); says the same as `action_words`."""
     advice = _advice(report)
-    return advice[:1].upper() + advice[1:] if advice else _SENTENCES[report.action]
+    return advice[:1].upper() + advice[1:]
 
 
 def _advice(report: Report) -> str:
-    return advice_of(report.failure_type) if report.status == "failed" else ""
+    return advice_of(report.action, report.failure_type if report.status == "failed" else None)
 
 
 def render_text(report: Report, color: bool = False) -> str:
