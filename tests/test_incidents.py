@@ -93,16 +93,27 @@ def test_seed_lines_are_not_copied_from_the_dev_logs():
                 assert line.strip() not in dev_lines, f"{row['id']} copies a dev log line: {line}"
 
 
-def test_seed_loads_into_an_empty_database_only(tmp_path):
-    db = open_db(tmp_path / "seeded.db")
-    first = IncidentStore(db)
-    n = first.count()
-    assert n == len(seed_rows())
-    assert {i.source for i in first.list()} == {"seed"}
-    first.remove("seed-xid79-a")
-    again = IncidentStore(db)  # a restart: not re-seeded over the user's changes
-    assert again.count() == n - 1
-    db.close()
+def test_seed_loads_once_and_an_upgrade_brings_only_what_it_changed(backend_db, tmp_path):
+    shipped = tmp_path / "seed.jsonl"
+    rows = seed_rows()[:6]
+    shipped.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first = IncidentStore(backend_db, seed_path=shipped)
+    assert first.count() == 6 and {i.source for i in first.list()} == {"seed"}
+    # A person removes one seed incident and corrects another; a restart changes nothing of that.
+    first.remove(rows[0]["id"])
+    first.add({**rows[1], "note": "our cluster: this one is a bad riser", "source": "manual"})
+    assert IncidentStore(backend_db, seed_path=shipped).count() == 5
+    # An upgrade ships a new incident and rewrites a seed one: the store learns both; the person's
+    # correction stays, and so does the removal (the shipped file changed, but not that line).
+    new_row = {**rows[2], "id": "seed-new-in-this-release", "note": "new"}
+    changed = {**rows[3], "note": "reworded in this release"}
+    shipped.write_text("".join(json.dumps(r) + "\n" for r in [rows[1], rows[2], changed, *rows[4:], new_row]))
+    upgraded = IncidentStore(backend_db, seed_path=shipped)
+    assert upgraded.get("seed-new-in-this-release") is not None
+    assert upgraded.get(rows[3]["id"]).note == "reworded in this release"
+    assert upgraded.get(rows[1]["id"]).note == "our cluster: this one is a bad riser"
+    assert upgraded.get(rows[0]["id"]) is None
+    assert upgraded.count() == 6
 
 
 def test_seed_incidents_are_masked_for_retrieval(tmp_path):

@@ -267,7 +267,7 @@ class IncidentStore:
         self.masker = masker
         migrate(db, self.COMPONENT, MIGRATIONS, postgres=PG_MIGRATIONS)
         if seed_path is not None:
-            self.load_seed_if_empty(seed_path)
+            self.sync_seed(seed_path)
 
     # -- incidents ------------------------------------------------------------------------------
 
@@ -376,12 +376,31 @@ class IncidentStore:
                     result.added += 1
         return result
 
-    def load_seed_if_empty(self, path: Path = SEED_PATH) -> int:
-        """Load the seed knowledge base into an empty incidents table; returns how many were added."""
-        if self.count() > 0 or not path.exists():
+    def sync_seed(self, path: Path = SEED_PATH) -> int:
+        """Bring the shipped knowledge base into the store; returns how many incidents were written.
+
+        On the first start all of it; after an upgrade that changed the file, the seed incidents it adds
+        or rewrites, so that a database older than this logdx still learns its new failure types. An
+        incident a person changed (its source is no longer "seed") is left as it is, and one a person
+        deleted stays deleted until the shipped file changes again."""
+        if not path.exists():
             return 0
-        res = self.import_jsonl(path, source="seed", strict=True)
-        return res.added
+        digest = int(hashlib.sha256(path.read_bytes()).hexdigest()[:15], 16)  # fits a signed 64-bit value
+        if self.db.query_value("SELECT value FROM incidents_meta WHERE key = 'seed'") == digest:
+            return 0
+        with path.open(encoding="utf-8") as f:
+            shipped = [self._to_incident(IncidentIn.model_validate_json(raw), source="seed")
+                       for raw in f if raw.strip() and not raw.lstrip().startswith("#")]
+        written = 0
+        with self.db.transaction() as conn:
+            for inc in shipped:
+                row = conn.execute("SELECT source FROM incidents WHERE id = ?", (inc.id,)).fetchone()
+                if row is None or row[0] == "seed":
+                    self._upsert(conn, inc)
+                    written += 1
+            conn.execute("INSERT INTO incidents_meta(key, value) VALUES ('seed', ?) "
+                         "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (digest,))
+        return written
 
     # -- reports and feedback -------------------------------------------------------------------
 
