@@ -169,3 +169,23 @@ def test_memory_of_the_timeline_is_bounded(engine: Engine) -> None:
         session.feed(megatron(i, 2.0 + (i % 7) * 0.001))
     p = session.summary().progress
     assert p.lines == 200_000 and len(p.loss) <= 1024 and len(p.step_time_s) <= 1024
+
+
+def test_a_diverged_loss_blames_no_node_and_is_dated_from_the_gradient_that_blew_up_first(engine: Engine) -> None:
+    # HF Trainer dict lines from rank 0 on its host (counted in fractions of an epoch), beside a tqdm bar
+    # that counts steps: the gradient norm blows up one logging interval before the loss follows.
+    def hf(step: int, loss: float, grad: float) -> list[str]:
+        return [f"node-40: [rank0]:{{'loss': {loss:.4f}, 'grad_norm': {grad:.4f}, 'learning_rate': 3e-04, "
+                f"'epoch': {step / 30000:.2f}}}",
+                f"node-40: [rank0]: {step * 100 // 30000}%|##   | {step}/30000 [1:02:03<9:00:00,  1.92s/it]"]
+    lines: list[str] = []
+    for s in range(1, 80):
+        lines += hf(s * 50, 2.6 - s * 0.002, 0.8 + (s % 3) * 0.05)
+    lines += hf(80 * 50, 2.44, 14.0)  # the norm first
+    for s in range(81, 120):
+        lines += hf(s * 50, 5.1 + (s % 2) * 0.05, 1.2e5)
+    _, report = feed(engine, lines)
+    assert (report.status, report.failure_type, report.action) == ("failed", "nan_loss", "no_restart")
+    assert "'grad_norm': 14.0000" in report.root_cause.text
+    assert report.progress.divergence is not None and report.progress.divergence.step >= 3000  # steps, not epochs
+    assert report.culprits.hosts == [] and report.culprits.ranks == []

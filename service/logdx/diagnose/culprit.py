@@ -44,6 +44,10 @@ def attribute(
         return Attribution()
     if role == Role.SYMPTOM:
         return _silent_or_lagging(findings, summary)
+    if winner.event.kind == EventKind.LOSS_SPIKE:
+        # The loss is the whole run's, printed by whichever rank logs it (rank 0, the last pipeline
+        # stage): that rank's host is no more to blame than any other.
+        return Attribution(notes=["a loss that diverged is the run's, not one node's: no culprit"])
     return _from_root(winner, findings, summary)
 
 
