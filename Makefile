@@ -14,7 +14,7 @@ TYPED := service/logdx
 # The slowest tests, listed at the end of `make test` (pytest's --durations).
 SLOWEST ?= 15
 
-.PHONY: all install model browser demo test test-fast test-slow lock eval eval-quick eval-buried eval-jobs bench bench-serve bench-page lint clean catalog
+.PHONY: all install model browser shippers demo test test-fast test-slow lock eval eval-quick eval-buried eval-jobs bench bench-serve bench-page lint clean catalog
 
 all: test
 
@@ -33,6 +33,14 @@ model: $(STAMP)
 	$(VENV)/bin/logdx model convert
 
 install: $(STAMP) model
+
+# The shipper tests' real syslog-ng (Debian's, with its http() destination), installed the same way: apt,
+# as root; without them those tests are skipped and say why.
+shippers:
+	@command -v syslog-ng >/dev/null 2>&1 && [ -n "$$(ls /usr/lib/syslog-ng/*/libhttp.so 2>/dev/null)" ] || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq syslog-ng-core syslog-ng-mod-http >/dev/null; \
+	  else echo "make shippers: no syslog-ng, and installing it needs root and apt-get: the syslog-ng tests will be skipped"; fi; }
 
 # The browser tests' browser: Debian's chromium (apt, as root), driven by playwright's Python package
 # (a dev dependency) through `executable_path`; playwright never downloads a browser of its own. Without
@@ -68,7 +76,7 @@ lock:
 
 # Everything: lint, unit, integration and the slow end-to-end tests (marked `slow`). Set-up
 # included, it fits in 12 minutes on 2 cores; the slowest tests are listed at the end.
-test: lint model browser
+test: lint model browser shippers
 	$(PY) -m pytest -q -p no:cacheprovider --durations=$(SLOWEST)
 
 # Unit tests only (no model loading, no subprocesses, no servers): well under a minute.
