@@ -189,3 +189,18 @@ def test_a_diverged_loss_blames_no_node_and_is_dated_from_the_gradient_that_blew
     assert "'grad_norm': 14.0000" in report.root_cause.text
     assert report.progress.divergence is not None and report.progress.divergence.step >= 3000  # steps, not epochs
     assert report.culprits.hosts == [] and report.culprits.ranks == []
+
+
+def test_a_tqdm_bar_whose_glyphs_and_clock_change_shape_keeps_counting_the_steps(engine: Engine) -> None:
+    # The bar grows a block every percent (▏▎▍...) and its elapsed time gains an hour field: each is a
+    # new line shape; the step is still the one count.
+    glyphs = " ▏▎▍▌▋▊▉█"
+    lines = []
+    for step in range(1, 3001):
+        pct = step * 100 // 3000
+        bar = "█" * (pct // 10) + glyphs[pct % 9]
+        elapsed = f"{step // 3600}:{step % 3600 // 60:02d}:{step % 60:02d}" if step >= 3600 // 2 else \
+            f"{step // 60:02d}:{step % 60:02d}"
+        lines.append(f"[rank0]: {pct:3d}%|{bar:<10}| {step}/3000 [{elapsed}<1:00:00,  0.50s/it]")
+    _, report = feed(engine, lines)
+    assert report.progress is not None and report.progress.last_step == 3000

@@ -59,6 +59,7 @@ _GRAD_LEAD = 3  # ...and a loss spike within this many points after it began the
 # the number of a loop's first lines, then of one line in _SAMPLE.
 _EXACT_LINES = 32
 _SAMPLE = 8
+_MAX_LOOPS = 16  # loops (progress templates) followed per source
 
 
 class TimelineError(ValueError):
@@ -542,14 +543,22 @@ class Timeline:
         the line prints) advances the source but says nothing of the job's step."""
         loop = src.loops.get(template_id)
         if loop is None:
-            if len(src.loops) >= 16:
-                return
+            if len(src.loops) >= _MAX_LOOPS:
+                if not (numbered and src.main >= 0 and self._continues_main(src, value)):
+                    return
+                # A new shape of the main loop (the bar's glyphs never stop changing): room for it.
+                del src.loops[min((k for k in src.loops if k != src.main), key=lambda k: src.loops[k][1])]
             loop = src.loops[template_id] = [value, 0.0]
         elif value > loop[0]:
             loop[0] = value
             loop[1] += 1
         else:
             loop[0] = value  # a new epoch's bar, an evaluation: the loop starts again
+        if src.main != template_id and src.main >= 0 and numbered and self._continues_main(src, value):
+            # The main loop's count, going on in a line of another shape (tqdm's bar glyph grows a block
+            # every percent, an elapsed time passes an hour): the same loop, it takes over its advances.
+            loop[1] = max(loop[1], src.loops[src.main][1])
+            src.main = template_id
         if src.main != template_id and (src.main < 0 or loop[1] > src.loops[src.main][1]):
             src.main = template_id
         if template_id != src.main:
@@ -574,8 +583,19 @@ class Timeline:
             self.rises += self.max_step is not None
             self.max_step = value
 
+    @staticmethod
+    def _continues_main(src: _Source, value: float) -> bool:
+        """`value` is just past the main loop's last read count (which a sampled read may leave up to
+        `_SAMPLE` lines behind)."""
+        if src.main_value is None:
+            return False
+        delta = src.step_delta or 1.0
+        return 0 < value - src.main_value <= (_SAMPLE + 2) * delta
+
     def _measure(self, rec: Record, source_key: str, values: dict[str, float], src: _Source) -> LossSignal | None:
         self.last_loss = values.get("loss")
+        if src.pending is not None:
+            self._flush(src)  # the counter's last line, sampled and left unread: where the loss is now
         step = src.step if src.step is not None else (self.max_step if self.max_step is not None else float(src.lines))
         in_epochs = "step" not in values and "epoch" in values
         if in_epochs and self.max_step is not None and self.max_step > step:
