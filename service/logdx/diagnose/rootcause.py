@@ -93,6 +93,8 @@ def find_root_cause(
     findings = [f for f in everything if not f.survived]
     recovered = [f for f in everything if f.survived and f.hit.role is not Role.SYMPTOM]
     winner, role = _choose(findings, summary)
+    if winner is not None and role is Role.ROOT_CAUSE:
+        winner = _detailed_by_nccl(winner, events)
     winner, role, att = _hang(winner, role, findings, dumps, summary)
     vote = _vote(winner, findings)
     context = failure_context(winner.hit.line if winner else likeliest_unexplained(unexplained), winner, templates)
@@ -322,6 +324,29 @@ def _choose(findings: list[Finding], summary: CompressionSummary) -> tuple[Findi
         ends = [f for f in symptoms if f.hit.label.failure_type in _ENDS_BEFORE_ECHOES and _earlier(f.event, first.event)]
         return (_earliest(ends) if ends else first), Role.SYMPTOM
     return None, None
+
+
+# NCCL's exceptions carry a class ("invalid usage", "unhandled system error") and send the reader to its
+# own log for the why: "run with NCCL_DEBUG=WARN for details".
+_NCCL_DETAILS = re.compile(r"NCCL_DEBUG=(?:WARN|INFO) for details|\bnccl(?:InvalidUsage|SystemError|InternalError|"
+                           r"InvalidArgument|RemoteError)\b")
+_NCCL_WARN = re.compile(r"\bNCCL WARN\b.*(?i:error|fail|unable|invalid|not |no |refused|timed? ?out|abort)")
+_NCCL_DETAIL_LINES = 60  # how far before the exception its rank's WARN may be
+
+
+def _detailed_by_nccl(winner: Finding, events: Sequence[Event]) -> Finding:
+    """An NCCL exception whose details are in NCCL's own WARN line, printed by the same process just
+    before it: that line says what was wrong (the algorithm it could not find, the plugin it could not
+    load), and is the root line; the label stays the exception's."""
+    line = winner.hit.line
+    if not _NCCL_DETAILS.search(" ".join(r.text for r in winner.event.lines[-4:])):
+        return winner
+    warns = [e.anchor for e in events
+             if e.anchor.source_key == line.source_key and _NCCL_WARN.search(e.anchor.text)
+             and 0 < line.line_no - e.anchor.line_no <= _NCCL_DETAIL_LINES]
+    if not warns:
+        return winner
+    return replace(winner, hit=replace(winner.hit, line=max(warns, key=lambda r: r.line_no)))
 
 
 def _without_echoes_of_an_interrupt(findings: list[Finding]) -> list[Finding]:
