@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from logdx.diagnose.hangs import hang_label
+from logdx.diagnose.occupied import taken_label
 from logdx.diagnose.rules import (
     RuleError,
     RuleSet,
@@ -100,6 +101,8 @@ def test_every_rule_passes_its_examples(rules: RuleSet) -> None:
 def test_every_canonical_failure_type_is_covered(rules: RuleSet) -> None:
     # Hangs told from stack dumps are labelled by who owns the code a process waits in (diagnose/hangs.py).
     covered = {(hang_label(owner).category, hang_label(owner).failure_type) for owner in ("user", "library", "native")}
+    # So is an out-of-memory another process caused, from the numbers its message gives (diagnose/occupied.py).
+    covered.add((taken_label().category, taken_label().failure_type))
     for r in rules.rules:
         labels = list(r.by_origin.values()) if r.by_origin else [r.label]
         covered |= {(lab.category, lab.failure_type) for lab in labels if lab is not None}

@@ -88,6 +88,7 @@ class FT(StrEnum):
     CANCELLED = "cancelled"
     HANG = "hang"
     CUDA_OOM = "cuda_oom"
+    GPU_MEMORY_TAKEN = "gpu_memory_taken"
     HOST_OOM = "host_oom"
     DATALOADER_KILLED = "dataloader_killed"
     NAN_LOSS = "nan_loss"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from logdx.diagnose.culprit import HANG_OUTPUT_BASIS, attribute, hang_culprit
 from logdx.diagnose.hangs import fr_hit, minority_hit, silent_rank_hint, silent_rank_label, stack_minority
 from logdx.diagnose.life import MIN_ADVANCES, ends_its_process, is_warning, said_it_completed, went_on_after
+from logdx.diagnose.occupied import taken_by_another_process
 from logdx.diagnose.origin import locate
 from logdx.diagnose.rules import RuleHit, RuleSet, render_hint
 from logdx.model import (
@@ -94,7 +95,7 @@ def find_root_cause(
     recovered = [f for f in everything if f.survived and f.hit.role is not Role.SYMPTOM]
     winner, role = _choose(findings, summary)
     if winner is not None and role is Role.ROOT_CAUSE:
-        winner = _detailed_by_nccl(winner, events)
+        winner = taken_by_another_process(_detailed_by_nccl(winner, events), findings)
     winner, role, att = _hang(winner, role, findings, dumps, summary)
     vote = _vote(winner, findings)
     context = failure_context(winner.hit.line if winner else likeliest_unexplained(unexplained), winner, templates)

@@ -1,0 +1,85 @@
+"""A CUDA out-of-memory that is not the job's own: another process held most of the GPU.
+
+torch's message says who holds the GPU's memory: "GPU 2 has a total capacity of 178.35 GiB of which
+73.44 MiB is free. Process 3196149 has 96.44 GiB memory in use. Including non-PyTorch memory, this process
+has 81.81 GiB memory in use." The other processes are not this rank: a leftover of an earlier job (a
+zombie), another tenant on a shared node. Lowering the batch size is the wrong advice; the node must be
+freed, and the job restarted once it is (or elsewhere). Several ranks of one job sharing a GPU (a wrong
+device mapping) list each other the same way: a holder the log shows as one of the job's own
+processes (the launcher names its workers' pids) keeps the out-of-memory the job's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from logdx.model import FT, Category, Label, Role
+from logdx.taxonomy import make_label
+
+if TYPE_CHECKING:
+    from logdx.diagnose.rootcause import Finding
+
+__all__ = ["taken_by_another_process", "taken_label"]
+
+_UNITS = {"KiB": 1 / (1024 * 1024), "MiB": 1 / 1024, "GiB": 1.0}
+_STATEMENT = re.compile(
+    r"GPU (?P<gpu>\d+) has a total capacity of (?P<total>[\d.]+) (?P<tu>[KMG]iB) of which (?P<free>[\d.]+) "
+    r"(?P<fu>[KMG]iB) is free\.(?P<procs>(?:\s*Process \d+ has [\d.]+ [KMG]iB memory in use\.)+)"
+    r"\s*Including non-PyTorch memory, this process has (?P<own>[\d.]+) (?P<ou>[KMG]iB) memory in use")
+_PROCESS = re.compile(r"Process (?P<pid>\d+) has (?P<n>[\d.]+) (?P<u>[KMG]iB) memory in use")
+_JOB_PID = re.compile(r"(?:\bpid[:=\s]+|[Ss]ending process |\bPID )(?P<pid>\d+)")
+_TAKEN_SHARE = 0.25  # other processes held at least this share of the GPU: not the job's own growth
+_CONFIDENCE = 0.85
+
+
+def taken_by_another_process(winner: Finding, findings: Sequence[Finding]) -> Finding:
+    """`winner` as a GPU another process held, when its out-of-memory says so; else `winner`."""
+    if winner.hit.label.failure_type != FT.CUDA_OOM:
+        return winner
+    taken = _statement(winner)
+    if taken is None:
+        return winner
+    gpu, total, free, holders, foreign = taken
+    if foreign < _TAKEN_SHARE * total or _one_of_the_jobs(set(holders), findings):
+        return winner
+    pid = holders[0]
+    host = winner.hit.line.host
+    where = f"GPU {gpu} of {host}" if host else f"GPU {gpu}"
+    hint = (f"{where} had {free:.2f} GiB free of {total:.0f} GiB: process {pid}, not this job, held {foreign:.1f} GiB. "
+            f"Find it (nvidia-smi on that node): a leftover of an earlier job or another tenant. Restart once it "
+            f"is gone, or on other nodes; drain the node if it stays.")
+    hit = replace(winner.hit, rule_id="gpu-memory-taken", pack="occupied", role=Role.ROOT_CAUSE,
+                  title="Another process held the GPU's memory", confidence=_CONFIDENCE, hint=hint, hint_rule=None,
+                  label=taken_label())
+    return replace(winner, hit=hit)
+
+
+def taken_label() -> Label:
+    """The label of an out-of-memory another process caused (decided here, from the message's numbers)."""
+    return make_label(Category.INFRASTRUCTURE, FT.GPU_MEMORY_TAKEN)
+
+
+def _statement(finding: Finding) -> tuple[int, float, float, list[str], float] | None:
+    """(GPU index, its total GiB, free GiB, the other processes biggest first, GiB they held)."""
+    text = " ".join([finding.event.exception_message or "", *(r.text for r in finding.event.lines[-6:])])
+    m = _STATEMENT.search(text)
+    if m is None:
+        return None
+    procs = [(p["pid"], float(p["n"]) * _UNITS[p["u"]]) for p in _PROCESS.finditer(m["procs"])]
+    procs.sort(key=lambda p: -p[1])
+    return (int(m["gpu"]), float(m["total"]) * _UNITS[m["tu"]], float(m["free"]) * _UNITS[m["fu"]],
+            [p for p, _ in procs], sum(n for _, n in procs))
+
+
+def _one_of_the_jobs(pids: set[str], findings: Sequence[Finding]) -> bool:
+    """Whether the log shows a holder as one of the job's own processes (the launcher's "exitcode : 1
+    (pid: 4412)", "Sending process 4412 closing signal"): ranks sharing a GPU by a wrong device mapping."""
+    for f in findings:
+        for rec in f.event.lines:
+            for m in _JOB_PID.finditer(rec.text):
+                if m["pid"] in pids:
+                    return True
+    return False
