@@ -330,16 +330,10 @@ class Detector:
             tb.strays = 0
             self._add_frame(tb, text)
             return []
-        if self._stray_of_interleaved(tb, text):
+        if is_interleaved_stray(text, tb.writers, tb.strays):
+            tb.strays += 1
             return []
         return self._close_with_exception(tb, rec, text)
-
-    @staticmethod
-    def _stray_of_interleaved(tb: _OpenTraceback, text: str) -> bool:
-        if not is_interleaved_stray(text, tb.writers, tb.strays):
-            return False
-        tb.strays += 1
-        return True
 
     def _add_frame(self, tb: _OpenTraceback, text: str) -> None:
         frames = tb.event.frames

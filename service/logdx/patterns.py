@@ -89,7 +89,7 @@ def mask(text: str) -> str:
 
 
 # Lines in a row of an interleaved traceback that are no body, before it counts as cut off.
-INTERLEAVED_STRAYS = 4
+_INTERLEAVED_STRAYS = 4
 
 
 def is_interleaved_stray(text: str, writers: int, strays: int) -> bool:
@@ -97,7 +97,7 @@ def is_interleaved_stray(text: str, writers: int, strays: int) -> bool:
     loses its indent to another's "File" line. While several writers (`writers`: the tracebacks begun
     and not ended) are at it, a line that is no exception is one of theirs, not the traceback's end; a
     few in a row at most (`strays`: so far)."""
-    if writers < 2 or strays >= INTERLEAVED_STRAYS:
+    if writers < 2 or strays >= _INTERLEAVED_STRAYS:
         return False
     return exception_line(text, closes_traceback=True) is None and GLUED_EXCEPTION.search(text.rstrip()) is None
 

@@ -541,12 +541,14 @@ class Timeline:
         training steps; an evaluation bar or a second line printing the same step is not): only that
         one's rises are the source's advances. A loop that is not `numbered` (lines counted, not a step
         the line prints) advances the source but says nothing of the job's step."""
+        # The main loop's count, going on in a line of another shape (tqdm's bar glyph grows a block every
+        # percent, an elapsed time passes an hour): the same loop, which takes over its advances.
+        continues = numbered and src.main >= 0 and src.main != template_id and self._continues_main(src, value)
         loop = src.loops.get(template_id)
         if loop is None:
             if len(src.loops) >= _MAX_LOOPS:
-                if not (numbered and src.main >= 0 and self._continues_main(src, value)):
+                if not continues:
                     return
-                # A new shape of the main loop (the bar's glyphs never stop changing): room for it.
                 del src.loops[min((k for k in src.loops if k != src.main), key=lambda k: src.loops[k][1])]
             loop = src.loops[template_id] = [value, 0.0]
         elif value > loop[0]:
@@ -554,9 +556,7 @@ class Timeline:
             loop[1] += 1
         else:
             loop[0] = value  # a new epoch's bar, an evaluation: the loop starts again
-        if src.main != template_id and src.main >= 0 and numbered and self._continues_main(src, value):
-            # The main loop's count, going on in a line of another shape (tqdm's bar glyph grows a block
-            # every percent, an elapsed time passes an hour): the same loop, it takes over its advances.
+        if continues:
             loop[1] = max(loop[1], src.loops[src.main][1])
             src.main = template_id
         if src.main != template_id and (src.main < 0 or loop[1] > src.loops[src.main][1]):
@@ -661,10 +661,8 @@ class Timeline:
         warming = w.seen < self.min_points if in_epochs else _warming_up(step, w.seen)
         if loss > _course(w.low, w.spread) and not warming:
             surge = w.grad_surge
-            if surge is not None and surge[2] <= _GRAD_LEAD:
-                _start(w, surge[0], surge[1], "spike", loss)
-            else:
-                _start(w, rec, step, "spike", loss)
+            began, began_step = (surge[0], surge[1]) if surge is not None and surge[2] <= _GRAD_LEAD else (rec, step)
+            _start(w, began, began_step, "spike", loss)
             return None
         w.baseline = 0.9 * w.baseline + 0.1 * loss
         w.low = min(w.low, w.baseline)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from logdx.model import FT, Category, Label, Role
@@ -28,7 +28,7 @@ _UNITS = {"KiB": 1 / (1024 * 1024), "MiB": 1 / 1024, "GiB": 1.0}
 _STATEMENT = re.compile(
     r"GPU (?P<gpu>\d+) has a total capacity of (?P<total>[\d.]+) (?P<tu>[KMG]iB) of which (?P<free>[\d.]+) "
     r"(?P<fu>[KMG]iB) is free\.(?P<procs>(?:\s*Process \d+ has [\d.]+ [KMG]iB memory in use\.)+)"
-    r"\s*Including non-PyTorch memory, this process has (?P<own>[\d.]+) (?P<ou>[KMG]iB) memory in use")
+    r"\s*Including non-PyTorch memory, this process has [\d.]+ [KMG]iB memory in use")
 _PROCESS = re.compile(r"Process (?P<pid>\d+) has (?P<n>[\d.]+) (?P<u>[KMG]iB) memory in use")
 _JOB_PID = re.compile(r"(?:\bpid[:=\s]+|[Ss]ending process |\bPID )(?P<pid>\d+)")
 _TAKEN_SHARE = 0.25  # other processes held at least this share of the GPU: not the job's own growth
@@ -39,16 +39,13 @@ def taken_by_another_process(winner: Finding, findings: Sequence[Finding]) -> Fi
     """`winner` as a GPU another process held, when its out-of-memory says so; else `winner`."""
     if winner.hit.label.failure_type != FT.CUDA_OOM:
         return winner
-    taken = _statement(winner)
-    if taken is None:
+    s = _statement(winner)
+    if s is None or s.held_by_others < _TAKEN_SHARE * s.total or _one_of_the_jobs(set(s.holders), findings):
         return winner
-    gpu, total, free, holders, foreign = taken
-    if foreign < _TAKEN_SHARE * total or _one_of_the_jobs(set(holders), findings):
-        return winner
-    pid = holders[0]
     host = winner.hit.line.host
-    where = f"GPU {gpu} of {host}" if host else f"GPU {gpu}"
-    hint = (f"{where} had {free:.2f} GiB free of {total:.0f} GiB: process {pid}, not this job, held {foreign:.1f} GiB. "
+    where = f"GPU {s.gpu} of {host}" if host else f"GPU {s.gpu}"
+    hint = (f"{where} had {s.free:.2f} GiB free of {s.total:.0f} GiB: process {s.holders[0]}, not this job, held "
+            f"{s.held_by_others:.1f} GiB. "
             f"Find it (nvidia-smi on that node): a leftover of an earlier job or another tenant. Restart once it "
             f"is gone, or on other nodes; drain the node if it stays.")
     hit = replace(winner.hit, rule_id="gpu-memory-taken", pack="occupied", role=Role.ROOT_CAUSE,
@@ -62,16 +59,27 @@ def taken_label() -> Label:
     return make_label(Category.INFRASTRUCTURE, FT.GPU_MEMORY_TAKEN)
 
 
-def _statement(finding: Finding) -> tuple[int, float, float, list[str], float] | None:
-    """(GPU index, its total GiB, free GiB, the other processes biggest first, GiB they held)."""
+@dataclass(frozen=True, slots=True)
+class _Statement:
+    """What an out-of-memory message says of its GPU (sizes in GiB)."""
+
+    gpu: int
+    total: float
+    free: float
+    holders: list[str]  # the other processes' pids, the biggest first
+    held_by_others: float
+
+
+def _statement(finding: Finding) -> _Statement | None:
     text = " ".join([finding.event.exception_message or "", *(r.text for r in finding.event.lines[-6:])])
     m = _STATEMENT.search(text)
     if m is None:
         return None
     procs = [(p["pid"], float(p["n"]) * _UNITS[p["u"]]) for p in _PROCESS.finditer(m["procs"])]
     procs.sort(key=lambda p: -p[1])
-    return (int(m["gpu"]), float(m["total"]) * _UNITS[m["tu"]], float(m["free"]) * _UNITS[m["fu"]],
-            [p for p, _ in procs], sum(n for _, n in procs))
+    return _Statement(gpu=int(m["gpu"]), total=float(m["total"]) * _UNITS[m["tu"]],
+                      free=float(m["free"]) * _UNITS[m["fu"]], holders=[p for p, _ in procs],
+                      held_by_others=sum(n for _, n in procs))
 
 
 def _one_of_the_jobs(pids: set[str], findings: Sequence[Finding]) -> bool:
