@@ -17,13 +17,15 @@ from pathlib import Path
 import pytest
 
 from api_server import Server
+from logdx.testing import cpu_budget
 
 XID = "May  1 12:10:05 gpu-node-01 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=14487, name=python, GPU has fallen off the bus."
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp("bounds"), server={"max_request_cpu_s": 4.0}).start()
+    # 4 CPU-s on the machine the bounds were written on, more on a slower one: the flood below fits under it
+    srv = Server(tmp_path_factory.mktemp("bounds"), server={"max_request_cpu_s": round(cpu_budget(4.0), 1)}).start()
     yield srv
     srv.stop()
 
@@ -82,13 +84,13 @@ def test_random_word_flood_is_bounded_and_the_error_still_found(server: Server) 
         cpu = _cpu_s(server) - cpu0
         report = c.post("/v1/jobs/flood/end", json={"exit_code": 1}).json()
     print(f"random-word flood: {cpu:.1f} s of server CPU for {len(flood) / 1e6:.1f} MB")
-    assert cpu < 4.0
+    assert cpu < cpu_budget(4.0)
     assert report["failure_type"] == "gpu_fell_off_bus" and report["culprits"]["hosts"] == ["gpu-node-01"]
 
 
 @pytest.mark.slow
 def test_a_costly_request_is_cut_with_429(server: Server) -> None:
-    """Past server.max_request_cpu_s (4 s here) a request is cut: 429 cpu_limit, the applied lines said."""
+    """Past server.max_request_cpu_s (4 s here, on the reference machine) a request is cut: 429 cpu_limit, the applied lines said."""
     flood = _flood(400_000, seed=2) * 2  # ~55 MB
     with server.client(timeout=300) as c:
         r = c.post("/v1/jobs/costly/logs", content=flood, headers={"content-type": "text/plain", "x-logdx-job": "c"})
