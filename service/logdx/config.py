@@ -60,9 +60,9 @@ DEFAULT_NAME_PATTERNS = (
     r"^host=(?P<host>.+)$",  # host=node-01.log: any name, said outright
     r"^(?:rank|worker)[-_.]?(?P<rank>\d{1,7})$",  # rank-3.log, worker_12.out: a rank, not a host
     # node-01, gpu07, dgx-a100-3, nid001234: a name ending in a number, not one of the usual names of a
-    # job's files (slurm-1234.out, job-7.log, stdout-0.log)
-    r"^(?!(?:slurm|job|jobid|step|attempt|run|train|training|stdout|stderr|output|out|err|log|logs|task|part)"
-    r"(?:[-_.]|\d|$))(?P<host>[A-Za-z][A-Za-z0-9-]*[0-9])$",
+    # job's files (slurm-1234.out, job-7.log, stdout-0.log, kernel-2.log)
+    r"^(?!(?:slurm|job|jobid|step|attempt|run|train|training|stdout|stderr|output|out|err|log|logs|task|part"
+    r"|dmesg|kern|kernel|kmsg|syslog|messages|journal|console)(?:[-_.]|\d|$))(?P<host>[A-Za-z][A-Za-z0-9-]*[0-9])$",
 )
 
 
@@ -85,8 +85,10 @@ class InputSettings(Section):
     name_patterns: list[str] = Field(
         default_factory=lambda: list(DEFAULT_NAME_PATTERNS),
         description="`diagnose DIR` or several files: regular expressions with a `host` or `rank` group, tried "
-        "in order on each file's name without its extensions (node-01.stdout.log.gz -> node-01), then on the "
-        "names of the folders it is in; the first that matches names the file's host or rank")
+        "in order on each file's name without its extensions and the words for its kind of log "
+        "(node-01.stdout.log.gz, dmesg-node-01.txt, node-01_kern.log -> node-01), then on the whole name, then on the "
+        "names of the folders it is in; the first that matches names the file's host or rank, which must then be "
+        "one of the hosts the job's lines name, when they name any")
     max_files: int = Field(512, ge=1, description="`diagnose DIR` or several files: at most this many files at once")
 
     @field_validator("name_patterns")

@@ -9,8 +9,9 @@ or anything with spaces or shell characters, which an actuator might expand into
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
-__all__ = ["MAX_HOSTNAME", "clean_hostname", "is_valid_hostname"]
+__all__ = ["MAX_HOSTNAME", "clean_hostname", "is_valid_hostname", "job_host_in_name", "without_log_kind"]
 
 MAX_HOSTNAME = 253
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -36,3 +37,30 @@ def clean_hostname(value: object) -> str | None:
         return None
     name = value.strip().rstrip(".")
     return name if is_valid_hostname(name) else None
+
+
+# What a log file's name says besides its host: the kind of log it holds (dmesg-node11, node11_kern,
+# gpu-e04_dmesg, node-03.stdout, stdout-node-03).
+_LOG_KINDS = ("dmesg", "kern", "kernel", "kmsg", "syslog", "messages", "journal", "journalctl", "console", "stdout",
+              "stderr", "out", "err", "log", "logs", "output", "nvidia-smi", "smi", "xid", "dcgm", "ibstat")
+_KIND_PREFIX = re.compile(rf"^(?:{'|'.join(map(re.escape, _LOG_KINDS))})[-_.]+", re.I)
+_KIND_SUFFIX = re.compile(rf"[-_.]+(?:{'|'.join(map(re.escape, _LOG_KINDS))})$", re.I)
+
+
+def without_log_kind(name: str) -> str:
+    """A file name (without its extensions) with the words for the kind of log it holds taken off its ends:
+    dmesg-node11 -> node11, node11_kern -> node11, gpu-e04_dmesg -> gpu-e04 (what is left may be no host)."""
+    for _ in range(3):
+        stripped = _KIND_SUFFIX.sub("", _KIND_PREFIX.sub("", name))
+        if stripped == name or not stripped:
+            break
+        name = stripped
+    return name
+
+
+def job_host_in_name(name: str, hosts: Iterable[str]) -> str | None:
+    """The one host of `hosts` that `name` (a file or folder name) holds as a whole part of it, bounded by
+    the name's ends or by `-`, `_`, `.`, `/`, `=` (node11 in dmesg-node11.txt, not node1 in node11); None
+    when none does, or more than one."""
+    found = {h for h in hosts if re.search(rf"(?:^|[-_./=]){re.escape(h)}(?:$|[-_./=])", name)}
+    return found.pop() if len(found) == 1 else None

@@ -129,6 +129,11 @@ class Record:
     stream: str | None = None  # "stdout" | "stderr" when known
     truncated: bool = False
     pid: int | None = None  # the writing process, when a prefix names it (NCCL's host:pid:tid)
+    # The line's only clock is the kernel's seconds since boot ("[1234.567890] ...", raw dmesg) and no line of
+    # its host said when that boot was: its time is unknown, and it is kept out of judgements by time.
+    unanchored: bool = False
+    inherited: bool = False  # `ts` is not the line's own: it kept the time of the line before it in its stream
+    feed: int = 0  # which stream it came in on (a file, a shipper's upload for one host or rank): see Session
 
     @property
     def source_key(self) -> str:
@@ -196,6 +201,9 @@ class ProgressMark:
     # doing its work after an event, in a job that makes no progress (yet)?
     source_quiet: int = 0
     job_quiet: int = 0
+    # (source, its advances) of every source printing progress in the event's own stream, whose order of
+    # lines is the order they were written in: did the job go on after it, in that stream?
+    stream_advances: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(slots=True)
@@ -215,6 +223,7 @@ class SourceProgress:
     advances: int  # progress lines whose counter rose
     steps_per_s: float | None
     step_delta: float | None = None  # the smallest step between two of its progress lines (its logging interval)
+    advanced_at: tuple[tuple[float, float], ...] = ()  # (time, step) of its counter's latest rises, by time
 
 
 @dataclass(slots=True)

@@ -79,7 +79,8 @@ LAUNCHER_PREFIXES: tuple[LauncherPrefix, ...] = (
     LauncherPrefix("dmesg -T stamp", ("[",),
                    rf"\[{_WEEKDAY} (?P<c_mon>[A-Z][a-z]{{2}}) +(?P<c_day>\d{{1,2}}) (?P<c_hh>\d\d):(?P<c_mm>\d\d)"
                    r":(?P<c_ss>\d\d) (?P<c_year>\d{4})\] "),
-    LauncherPrefix("kernel relative stamp", ("[",), r"\[\s*[+]?\d+\.\d+\] "),  # "[  123.456] ": dropped
+    # "[  123.456789] ": the kernel's seconds since boot (raw dmesg, kern.log, journalctl -o short-monotonic).
+    LauncherPrefix("kernel boot clock", ("[",), r"\[\s*[+]?(?P<boot_s>\d+\.\d+)\] "),
     LauncherPrefix("ISO stamp", ("[", "digit"), _ISO_BODY),
     LauncherPrefix("srun -l label", ("digit", " "), r"\s{0,4}(?P<srun>\d{1,6}): ", needs_unknown="rank"),
     LauncherPrefix("ctime stamp", ("MTWFS",),
@@ -117,6 +118,7 @@ _ZERO_DIGITS = bytes.maketrans(b"123456789", b"000000000")
 _PLAN_CACHE_SIZE = 8192  # shapes remembered; the cache starts over when full (memory stays bounded: < 10 MB)
 _PLAN_MAX_BYTES = 1024  # longer lines (rare) are peeled without the cache
 _SECOND_CACHE_SIZE = 4096
+_MAX_BOOTS = 4096  # hosts whose boot time is remembered
 
 # Plan steps: a tuple whose first item says which field the spans (offsets into the line) after it give.
 # One kind per field, whatever prefix gave it: a prefix of a new shape is a new row, not a new kind.
@@ -133,9 +135,10 @@ _F_CTIME = 9  # (kind, month, day_s, day_e, hh_s, mm_s, ss_s, year_s)
 _F_SYSLOG = 10  # (kind, month, day_s, day_e, hh_s, mm_s, ss_s): no year
 _F_INNER_ISO = 11  # like _F_ISO, a stamp inside the message (does not set the year)
 _F_GLOG = 12  # (kind, mon_s, mon_e, day_s, hh_s, mm_s, ss_s, frac_s, frac_e)
+_F_BOOT = 13  # (kind, start, end): the kernel's seconds since boot
 
 _SIMPLE_FIELDS = {"rank": _F_RANK, "host": _F_HOST, "local_rank": _F_LOCAL, "pid": _F_PID, "srun": _F_SRUN,
-                  "session_host": _F_SESSION_HOST}
+                  "session_host": _F_SESSION_HOST, "boot_s": _F_BOOT}
 _KNOWN_AS = {"srun": "rank", "session_host": "host"}  # a field of these groups counts as this one given
 _STREAMS = {"out": "stdout", "err": "stderr", "stdout": "stdout", "stderr": "stderr"}
 
@@ -222,9 +225,12 @@ class Normalizer:
         self.truncated = 0
         self.bytes_in = 0
         # Stamps without a year (syslog "Nov 13", glog "W1113") take the year that puts them nearest the
-        # last full stamp seen (before any: today), so a log that crosses New Year does not jump a year.
+        # last full stamp seen, so a log that crosses New Year does not jump a year. Before any, the year is
+        # not known (a log of 2024 read in 2026 is not of 2026) and such stamps give no time, unless the
+        # reader knows it (`hint_year`: a live stream's is this year's; a file's, the year it was written).
         now = datetime.now(UTC)
         self._year, self._month = now.year, now.month
+        self._year_known = False
         # A pasted terminal session names its host once, in the prompt.
         self._session_host: str | None = None
         self._srun_labels_nodes = False
@@ -233,6 +239,25 @@ class Normalizer:
         self._cache_limit = min(max_line_bytes, _PLAN_MAX_BYTES)
         # "YYYY-MM-DD HH:MM:SS" -> (year, its epoch seconds): see _iso
         self._seconds: dict[str, tuple[int, float]] = {}
+        # host ("" when none) -> when it booted, from a line with both a wall clock and a boot clock
+        self._boots: dict[str, float] = {}
+        self._boot_s: float | None = None  # the boot clock of the line being read
+
+    @property
+    def year_known(self) -> bool:
+        """A stamp (or `hint_year`) has said the year the log's stamps without one belong to."""
+        return self._year_known
+
+    @property
+    def year(self) -> tuple[int, int]:
+        """(year, month) of the last stamp that said them."""
+        return self._year, self._month
+
+    def hint_year(self, year: int, month: int) -> None:
+        """The year the log's first stamps without one (glog's "W0114 23:52:06") belong to, when a reader
+        that looked ahead knows it: otherwise they take today's until a full stamp says otherwise."""
+        self._year, self._month = year, month
+        self._year_known = True
 
     def normalize(self, raw: bytes | str, source: Source | None = None) -> Record:
         self.line_no += 1
@@ -265,7 +290,26 @@ class Normalizer:
             _apply_source(rec, source)
         if rec.host is None and self._session_host is not None:
             rec.host = self._session_host
+        if self._boot_s is not None:
+            self._place_boot_clock(rec, self._boot_s)
+            self._boot_s = None
         return rec
+
+    def _place_boot_clock(self, rec: Record, boot_s: float) -> None:
+        """A kernel line stamped in seconds since boot. With a wall-clock stamp too (kern.log's
+        "Nov 13 10:00:01 node-3 kernel: [1234.5] ..."), it says when its host booted; without one, it
+        takes its time from that boot, or stays unanchored: a boot clock is no wall clock (the same
+        second of two nodes, or of one node before and after a reboot, are different times)."""
+        where = rec.host or ""
+        if rec.ts:
+            if len(self._boots) < _MAX_BOOTS or where in self._boots:
+                self._boots[where] = rec.ts - boot_s
+            return
+        booted = self._boots.get(where)
+        if booted is not None:
+            rec.ts = booted + boot_s
+        else:
+            rec.unanchored = True
 
     # -- applying a plan: per line -----------------------------------------------------------------
 
@@ -278,7 +322,7 @@ class Normalizer:
             if kind == _F_RANK:
                 rec.rank = int(line[step[1]:step[2]])
             elif kind == _F_INNER_ISO:  # the commonest stamps first, without a call more
-                rec.ts = self._iso(line, step, False)
+                rec.ts = self._iso(line, step, not self._year_known)
             elif kind == _F_ISO and not rec.ts:
                 rec.ts = self._iso(line, step, True)
             elif kind == _F_HOST:
@@ -298,6 +342,8 @@ class Normalizer:
                 self._srun_labels_nodes = True
             elif kind == _F_SESSION_HOST:
                 self._session_host = rec.host = line[step[1]:step[2]]
+            elif kind == _F_BOOT:
+                self._boot_s = float(line[step[1]:step[2]])
             else:
                 self._stamp(rec, line, step)
         rec.text = line[text_at:] if text_at else line
@@ -309,12 +355,16 @@ class Normalizer:
         kind = step[0]
         if kind == _F_ISO:  # a second ISO stamp (the first is the replay's): it sets the year only
             self._year, self._month = int(line[step[1]:step[1] + 4]), int(line[step[1] + 5:step[1] + 7])
+            self._year_known = True
         elif kind == _F_CTIME:
             if not rec.ts:
                 _, month, d0, d1, hh, mm, ss, yy = step
                 self._year, self._month = int(line[yy:yy + 4]), month
+                self._year_known = True
                 rec.ts = _mk_ts(self._year, month, int(line[d0:d1]), int(line[hh:hh + 2]),
                                 int(line[mm:mm + 2]), int(line[ss:ss + 2]))
+        elif not self._year_known:
+            return  # a stamp without a year, and no line has said which: its time is not known (yet)
         elif kind == _F_SYSLOG:
             if not rec.ts:
                 _, month, d0, d1, hh, mm, ss = step
@@ -356,6 +406,7 @@ class Normalizer:
             hit = self._seconds[key] = (year, whole)
         if sets_year:
             self._year, self._month = hit[0], int(key[5:7])
+            self._year_known = True
         ts = hit[1]
         if f0 >= 0:
             ts += float("0." + line[f0:f1])

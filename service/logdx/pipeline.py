@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 
 _TIMING_SAMPLE_MASK = 63
+_MAX_STREAMS = 65536  # streams whose time a session remembers apart
 
 
 @dataclass
@@ -134,8 +135,15 @@ class Engine:
         if self.incidents is not None:
             self.incidents.save_report(report.model_dump(mode="json"), context=context)
 
-    def new_session(self) -> Session:
-        return Session(self)
+    def new_session(self, *, live: bool = False) -> Session:
+        """A job's session. `live`: its lines are read as they are written (the service's streams, `logdx
+        run`'s child), so a stamp without a year is of this year; otherwise such a stamp waits for a line
+        that says the year (or the reader's `Session.hint_year`)."""
+        session = Session(self)
+        if live:
+            now = time.gmtime()
+            session.hint_year(now.tm_year, now.tm_mon)
+        return session
 
     def diagnose_path(self, path: str | Path, exit_code: int | None = None,
                       fr: FrFindings | None = None) -> tuple[Report, FailureContext | None]:
@@ -233,6 +241,12 @@ class Session:
         self.finished = False
         self.last_context: FailureContext | None = None  # of the last diagnosis, for `remember`
         self._root_causes_taken = 0
+        # The stream lines come in on (its source, as the transport gave it) and the time of its last stamped line.
+        self._stream_source: Source | None = None
+        self._stream_key: tuple | None = None
+        self._stream_ts: float | None = None
+        self._stream_index = 0
+        self._stream_times: dict[tuple | None, tuple[int, float | None]] = {}
         self._normalize_s = 0.0
         self._compress_s = 0.0
         self._fed = 0
@@ -242,19 +256,59 @@ class Session:
         self._fed += 1
         if self._fed & _TIMING_SAMPLE_MASK == 0:
             return self._feed_timed(raw, source)
-        kept = self.compressor.add(self.normalizer.normalize(raw, source))
+        rec = self.normalizer.normalize(raw, source)
+        if source is not self._stream_source:
+            self._switch_stream(source)
+        rec.feed = self._stream_index
+        if rec.ts is None:
+            if not rec.unanchored and self._stream_ts is not None:
+                rec.ts, rec.inherited = self._stream_ts, True
+        else:
+            self._stream_ts = rec.ts
+        kept = self.compressor.add(rec)
         return self._detect(kept) if kept else []
+
+    def hint_year(self, year: int, month: int) -> None:
+        """The year (and month) the log's first stamps without a year belong to, when the reader knows it:
+        the file's modification time, a live stream's now."""
+        self.normalizer.hint_year(year, month)
 
     def feed_record(self, raw: bytes | str, source: Source | None = None) -> tuple[Record, list[Event]]:
         """One line in, with the record the normaliser made of it (`logdx rules explain`)."""
-        rec = self.normalizer.normalize(raw, source)
+        rec = self._record(raw, source)
         kept = self.compressor.add(rec)
         return rec, (self._detect(kept) if kept else [])
+
+    def _record(self, raw: bytes | str, source: Source | None) -> Record:
+        """The line's record, timed: a line without a stamp of its own (a traceback's frames and exception, a
+        bare progress bar) keeps the time of the line before it in its stream (it was written then, or just after).
+        (`feed` has this inline: it is the hot path.)"""
+        rec = self.normalizer.normalize(raw, source)
+        if source is not self._stream_source:
+            self._switch_stream(source)
+        rec.feed = self._stream_index
+        if rec.ts is None:
+            if not rec.unanchored and self._stream_ts is not None:
+                rec.ts, rec.inherited = self._stream_ts, True
+        else:
+            self._stream_ts = rec.ts
+        return rec
+
+    def _switch_stream(self, source: Source | None) -> None:
+        """Lines of another stream (a file, a shipper's upload for one host or rank) come in: each stream keeps
+        its own time."""
+        streams = self._stream_times
+        streams[self._stream_key] = (self._stream_index, self._stream_ts)
+        key = None if source is None else (source.host, source.rank, source.stream)
+        if key not in streams and len(streams) >= _MAX_STREAMS:
+            key = ("overflow",)
+        self._stream_source, self._stream_key = source, key
+        self._stream_index, self._stream_ts = streams.get(key, (len(streams), None))
 
     def _feed_timed(self, raw: bytes | str, source: Source | None) -> list[Event]:
         # Clocks cost as much as a repeated line: one line in 64 is timed, and stands for the 64.
         t0 = time.perf_counter()
-        rec = self.normalizer.normalize(raw, source)
+        rec = self._record(raw, source)
         t1 = time.perf_counter()
         kept = self.compressor.add(rec)
         new = self._detect(kept) if kept else []
@@ -289,7 +343,7 @@ class Session:
         for ev in new:
             # Where its rank and the job were when it happened: did they go on after it?
             if "progress_at" not in ev.attrs:
-                mark = timeline.mark(ev.anchor.source_key)
+                mark = timeline.mark(ev.anchor.source_key, ev.anchor.feed)
                 mark.source_quiet, mark.job_quiet = self.compressor.output_mark(ev.anchor.source_key)
                 ev.attrs["progress_at"] = mark
             if ev.kind in (EventKind.STACK_DUMP, EventKind.FR_REPORT):

@@ -60,6 +60,8 @@ _GRAD_LEAD = 3  # ...and a loss spike within this many points after it began the
 _EXACT_LINES = 32
 _SAMPLE = 8
 _MAX_LOOPS = 16  # loops (progress templates) followed per source
+_TIMED_ADVANCES = 64  # (time, step) of a source's latest counter rises kept
+_MAX_PER_FEED = 64  # sources of one stream an event's mark remembers
 
 
 class TimelineError(ValueError):
@@ -344,6 +346,9 @@ class _Source:
     pending: tuple[ProgressShape, int, bytes, float | None] | None = None  # its last line, not read yet
     rate_anchor: tuple[float, float] | None = None  # (ts, step) of its first timed step
     rate_last: tuple[float, float] | None = None  # and of its last
+    # (time, step) of its counter's latest rises (the fast path reads one line in `_SAMPLE`): did it go on
+    # after a given moment, by the clocks? (life.went_on_after)
+    advanced_at: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def steps_per_s(self) -> float | None:
@@ -433,6 +438,7 @@ class Timeline:
         self.completed_line = 0  # the last line that said training is over (0: none)
         self.last_loss: float | None = None  # the loss the last progress line gave (None: none)
         self.learners: dict[bytes, Learner] = {}
+        self._by_feed: dict[int, list[str]] = {}  # stream -> the sources whose progress came in on it
 
     # -- the hot path: one progress line ----------------------------------------------------------------
 
@@ -453,10 +459,9 @@ class Timeline:
         line_no, ts = rec.line_no, rec.ts
         src = self._sources.get(source_key)
         if src is None:
-            if len(self._sources) >= _MAX_SOURCES:
+            src = self._new_source(rec, source_key)
+            if src is None:
                 return None
-            src = self._sources[source_key] = _Source(rank=rec.rank, host=rec.host, first_line=line_no,
-                                                      last_line=line_no, first_ts=ts)
         src.lines += 1
         src.last_line = line_no
         if ts is not None:
@@ -482,6 +487,16 @@ class Timeline:
                 self._count(src, template_id, float(seen), ts, numbered=False)
         return self._measure(rec, source_key, values, src)
 
+    def _new_source(self, rec: Record, source_key: str) -> _Source | None:
+        if len(self._sources) >= _MAX_SOURCES:
+            return None
+        src = self._sources[source_key] = _Source(rank=rec.rank, host=rec.host, first_line=rec.line_no,
+                                                  last_line=rec.line_no, first_ts=rec.ts)
+        feed = self._by_feed.setdefault(rec.feed, [])
+        if len(feed) < _MAX_PER_FEED:
+            feed.append(source_key)
+        return src
+
     def _reads_series(self, source_key: str, shape: ProgressShape) -> bool:
         """Whether this line's loss or step time is read: it is the series' source, or could become it."""
         if shape.loss_series and (self._loss_source is None or source_key == self._loss_source):
@@ -496,10 +511,9 @@ class Timeline:
         src = self._sources.get(source_key)
         line_no, ts = rec.line_no, rec.ts
         if src is None:
-            if len(self._sources) >= _MAX_SOURCES:
+            src = self._new_source(rec, source_key)
+            if src is None:
                 return
-            src = self._sources[source_key] = _Source(rank=rec.rank, host=rec.host, first_line=line_no,
-                                                      last_line=line_no, first_ts=ts)
         src.lines += 1
         src.last_line = line_no
         if ts is not None:
@@ -565,6 +579,10 @@ class Timeline:
             return
         if src.main_value is not None and value > src.main_value:
             src.advances += 1
+            if ts is not None and numbered:
+                if len(src.advanced_at) >= _TIMED_ADVANCES:
+                    del src.advanced_at[: _TIMED_ADVANCES // 2]
+                src.advanced_at.append((ts, value))
             if numbered:
                 delta = value - src.main_value
                 if src.step_delta is None or delta < src.step_delta:
@@ -825,12 +843,15 @@ class Timeline:
 
     # -- what the rest of the pipeline asks ------------------------------------------------------------
 
-    def mark(self, source_key: str) -> ProgressMark:
-        """Where a source and the job are now: stamped on each event as it is found (the lines the fast
-        path left unread are read first: the job's highest step must be exact here as at the end)."""
+    def mark(self, source_key: str, feed: int = 0) -> ProgressMark:
+        """Where a source, the sources of its stream (`feed`) and the job are now: stamped on each event as
+        it is found (the lines the fast path left unread are read first: the job's highest step must be
+        exact here as at the end)."""
         self._flush_all()
         src = self._sources.get(source_key)
+        stream = tuple((key, self._sources[key].advances) for key in self._by_feed.get(feed, ()))
         return ProgressMark(
+            stream_advances=stream,
             source_advances=src.advances if src is not None else 0,
             source_step=src.step if src is not None else None,
             job_advances=sum(s.advances for s in self._sources.values()),
@@ -847,6 +868,7 @@ class Timeline:
                 key=key, rank=s.rank, host=s.host, first_line=s.first_line, last_line=s.last_line,
                 first_step=s.first_step, last_step=s.step, first_ts=s.first_ts, last_ts=s.last_ts,
                 lines=s.lines, advances=s.advances, steps_per_s=s.steps_per_s, step_delta=s.step_delta,
+                advanced_at=tuple(sorted(s.advanced_at)),
             )
             for key, s in self._sources.items()
         ]

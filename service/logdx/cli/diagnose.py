@@ -179,6 +179,22 @@ def _format_of(f: BinaryIO, name: str, fmt: str) -> str:
     return chosen
 
 
+def _year_of_input(path: str, fmt: str, max_line: int) -> tuple[int, int]:
+    """The year stamps without one belong to before a line says: a file's first full stamp, else the year it
+    was last written; what is piped in is read as it is written (this year)."""
+    import time
+
+    from logdx.cli.inputs import LogFile, read_head, year_of
+
+    if path != "-":
+        log = LogFile(Path(path), path)
+        found = year_of([log], [read_head(log, max_line) if fmt == "text" else None])
+        if found is not None:
+            return found
+    now = time.gmtime()
+    return now.tm_year, now.tm_mon
+
+
 def diagnose_file(engine: Engine, path: str, fmt: str, exit_code: int | None = None,
                   fr: FrFindings | None = None) -> Diagnosed:
     """One input: text goes the fast way, a shipper's format through `logdx.formats`, every record
@@ -190,8 +206,10 @@ def diagnose_file(engine: Engine, path: str, fmt: str, exit_code: int | None = N
     max_line = engine.settings.input.max_line_bytes
     with open_input(path) as f:
         chosen = _format_of(f, name, fmt)
+        year = _year_of_input(path, chosen, max_line)
 
         def feed(session: Session) -> dict[str, int]:
+            session.hint_year(*year)
             if chosen == "text" and name != "stdin":
                 session.feed_lines(iter_lines(f, max_line))
                 return {}
@@ -212,14 +230,15 @@ def diagnose_files(engine: Engine, files: list[LogFile], fmt: str, exit_code: in
                    fr: FrFindings | None = None) -> Diagnosed:
     """Several files as one job, merged in time order; a file found in a folder that is no log
     (binary data) is skipped with a note, a file named outright is an error."""
-    from logdx.cli.inputs import LineMap, merged_lines, open_log
+    from logdx.cli.inputs import LineMap, merged_lines, open_log, read_head, resolve_hosts, year_of
     from logdx.formats import FormatError
     from logdx.normalize import InputError
 
     skipped: list[str] = []
     refused: dict[str, int] = {}  # records without a line, by reason
+    max_line = engine.settings.input.max_line_bytes
     with ExitStack() as stack:
-        streams, used = [], []
+        opened = []
         for f in files:
             handle = stack.enter_context(open_log(f))
             try:
@@ -229,15 +248,21 @@ def diagnose_files(engine: Engine, files: list[LogFile], fmt: str, exit_code: in
                     raise
                 skipped.append(f.shown)
                 continue
-            streams.append(_pairs(engine, handle, f, chosen, refused))
-            used.append(f)
-        if not used:
+            opened.append((f, handle, chosen))
+        if not opened:
             raise InputError(f"no log text in {', '.join(skipped[:3])}{' ...' if len(skipped) > 3 else ''}")
+        # The hosts the job's own lines name decide what the files' names may say (and the year of stamps without one).
+        heads = [read_head(f, max_line) if chosen == "text" else None for f, _, chosen in opened]
+        used, host_notes = resolve_hosts([f for f, _, _ in opened], heads)
+        year = year_of(used, heads)
+        streams = [_pairs(engine, handle, f, chosen, refused) for f, (_, handle, chosen) in zip(used, opened)]
         where = LineMap(used)
 
         def feed(session: Session) -> dict[str, int]:
+            if year is not None:
+                session.hint_year(*year)
             counts = [0] * len(used)
-            for index, raw, source in merged_lines(streams, engine.settings.input.max_line_bytes):
+            for index, raw, source in merged_lines(streams, max_line, year):
                 counts[index] += 1
                 session.feed(raw, source)
                 where.note(session.lines, index, counts[index])
@@ -249,7 +274,7 @@ def diagnose_files(engine: Engine, files: list[LogFile], fmt: str, exit_code: in
             raise InputError(f"truncated or corrupt gzip data in one of the files ({e})") from None
         except FormatError as e:
             raise InputError(e.message) from None
-    diagnosed.report.notes.extend(_merge_notes(used, skipped, where, diagnosed.report))
+    diagnosed.report.notes.extend(_merge_notes(used, skipped, where, diagnosed.report) + host_notes)
     return diagnosed
 
 
@@ -273,7 +298,8 @@ def _pairs(engine: Engine, handle: BinaryIO, f: LogFile, fmt: str,
 
 
 def _merge_notes(used: list[LogFile], skipped: list[str], where: LineMap, report: Report) -> list[str]:
-    named = [f"{f.shown} ({f.host or f'rank {f.rank}'})" for f in used if f.host or f.rank is not None]
+    named = [f"{f.shown} ({f.host or f'rank {f.rank}'}{'' if f.host_from in ('name', '') else ', ' + f.host_from})"
+             for f in used if f.host or f.rank is not None]
     notes = [f"{len(used)} files read as one job, lines merged in time order"
              + (f"; from their names: {', '.join(named[:8])}{' ...' if len(named) > 8 else ''}" if named else
                 "; no host or rank in their names (input.name_patterns)")]

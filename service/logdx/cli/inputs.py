@@ -17,6 +17,7 @@ import bisect
 import heapq
 import os
 import re
+import time
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -25,13 +26,15 @@ from typing import BinaryIO
 
 from logdx.config import InputSettings
 from logdx.faces import UsageError
-from logdx.hosts import clean_hostname
-from logdx.normalize import InputError, Normalizer, Source, open_input
+from logdx.hosts import clean_hostname, job_host_in_name, without_log_kind
+from logdx.normalize import InputError, Normalizer, Source, iter_lines, open_input
 
-__all__ = ["LineMap", "LogFile", "collect", "merged_lines", "name_of"]
+__all__ = ["Head", "LineMap", "LogFile", "collect", "merged_lines", "name_of", "read_head", "resolve_hosts", "year_of"]
 
 # How far into a file to look for its first timestamp: the lines before it take its time.
 LOOKAHEAD_LINES = 5000
+# How many of a file's first lines are read, before the merge, for the hosts they name.
+HEAD_LINES = 1000
 _UNTIMED = float("-inf")
 _ROTATED = re.compile(r"\.\d{1,3}$")  # node-01.log.1
 # What follows the host in a file's name: node-01.stdout.log, node-01.dmesg.txt, node-01.kernel.json
@@ -46,6 +49,7 @@ class LogFile:
     host: str | None = None
     rank: int | None = None
     found: bool = False  # found in a folder (a file that is no log is skipped), not named (it is an error)
+    host_from: str = ""  # how its host was found: "name", "name, matched to the job's hosts", "the job's only host"
 
     @property
     def source(self) -> Source | None:
@@ -81,8 +85,10 @@ def _identity(names: Sequence[str], patterns: Sequence[re.Pattern[str]]) -> tupl
 
 def _describe(path: Path, shown: str, parents: Sequence[str], patterns: Sequence[re.Pattern[str]],
               found: bool) -> LogFile:
-    host, rank = _identity([name_of(path.name), *reversed(parents)], patterns)
-    return LogFile(path=path, shown=shown, host=host, rank=rank, found=found)
+    name = name_of(path.name)
+    names = [without_log_kind(name), name, *reversed(parents)]
+    host, rank = _identity(list(dict.fromkeys(names)), patterns)
+    return LogFile(path=path, shown=shown, host=host, rank=rank, found=found, host_from="name" if host else "")
 
 
 def _walk(root: Path) -> Iterator[Path]:
@@ -128,6 +134,84 @@ def collect(args: Sequence[str], settings: InputSettings) -> list[LogFile]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Head:
+    """What a text file's first lines say before it is read: the hosts its lines' own prefixes name, and the
+    year (and month) of its first stamp that has one."""
+
+    hosts: frozenset[str]
+    year: tuple[int, int] | None
+
+
+def read_head(f: LogFile, max_line_bytes: int, lines: int = HEAD_LINES) -> Head:
+    """The first `lines` lines of a text file, read through a normaliser of their own."""
+    clock = Normalizer(max_line_bytes=max_line_bytes)
+    hosts: set[str] = set()
+    year = None
+    try:
+        with open_input(f.path) as handle:
+            for i, raw in enumerate(iter_lines(handle, max_line_bytes)):
+                if i >= lines:
+                    break
+                rec = clock.normalize(raw)
+                if rec.host is not None and len(hosts) < 4096 and (host := clean_hostname(rec.host)):
+                    hosts.add(host)
+                if year is None and clock.year_known:
+                    year = clock.year
+    except (InputError, OSError, EOFError, ValueError):
+        pass  # read for real later, where the error is reported
+    return Head(frozenset(hosts), year)
+
+
+def resolve_hosts(files: Sequence[LogFile], heads: Sequence[Head | None]) -> tuple[list[LogFile], list[str]]:
+    """Each file's host, now that the job's own hosts are known (those its lines name): a host from a file's
+    name must be one of them, or the one of them the name holds (dmesg-node11 -> node11); a name that
+    matches none gives no host (and a note), never a machine the job does not know. A file without a host
+    in a job whose lines name one host only is that host's. When the job's lines name no host at all, the
+    names are all there is and stand."""
+    job_hosts = set().union(*(h.hosts for h in heads if h is not None))
+    if not job_hosts:
+        return list(files), []
+    out, notes = [], []
+    for f, head in zip(files, heads):
+        host, how = f.host, f.host_from
+        if host is not None and host not in job_hosts:
+            matched = job_host_in_name(f.shown, job_hosts)
+            if matched is not None:
+                host, how = matched, f"name, matched to the job's host {matched}"
+            else:
+                notes.append(f"{f.shown}: its name gives host {host!r}, which is none of the {len(job_hosts)} hosts the "
+                             "job's lines name: no host taken from it")
+                host, how = None, ""
+        elif host is None and f.rank is None:
+            matched = job_host_in_name(f.shown, job_hosts)
+            if matched is not None:
+                host, how = matched, f"name, matched to the job's host {matched}"
+            elif len(job_hosts) == 1 and (head is None or not head.hosts):
+                (host,) = job_hosts
+                how = "the job's only host"
+        out.append(LogFile(f.path, f.shown, host, f.rank, f.found, how))
+    return out, notes
+
+
+def year_of(files: Sequence[LogFile], heads: Sequence[Head | None]) -> tuple[int, int] | None:
+    """The year the job's first stamps without one belong to: the first full stamp any file's head has, else
+    the year its newest file was last written."""
+    stated = [h.year for h in heads if h is not None and h.year is not None]
+    if stated:
+        return min(stated)
+    mtimes = []
+    for f in files:
+        try:
+            mtimes.append(f.path.stat().st_mtime)
+        except OSError:
+            continue
+    if not mtimes:
+        return None
+    t = time.gmtime(max(mtimes))
+    return t.tm_year, t.tm_mon
+
+
 @dataclass
 class LineMap:
     """Which file and line a line of the merged stream is: runs of consecutive lines of one file."""
@@ -153,10 +237,12 @@ class LineMap:
 
 
 def _timed(pairs: Iterator[tuple[bytes, Source | None]], index: int, max_line_bytes: int,
-           ) -> Iterator[tuple[float, int, bytes, Source | None]]:
+           year: tuple[int, int] | None = None) -> Iterator[tuple[float, int, bytes, Source | None]]:
     """(time key, file index, line, source): the key never goes back within a file, and the lines
     before the file's first timestamp take it (a file with none in its first lines is untimed)."""
     clock = Normalizer(max_line_bytes=max_line_bytes)
+    if year is not None:
+        clock.hint_year(*year)
     held: list[tuple[bytes, Source | None]] = []
     key: float | None = None
     for raw, source in pairs:
@@ -180,9 +266,10 @@ def _timed(pairs: Iterator[tuple[bytes, Source | None]], index: int, max_line_by
 
 
 def merged_lines(streams: Sequence[Iterator[tuple[bytes, Source | None]]], max_line_bytes: int,
-                 ) -> Iterator[tuple[int, bytes, Source | None]]:
-    """The streams' lines in time order (ties: the order the streams were given): (stream index, line, source)."""
-    timed = [_timed(s, i, max_line_bytes) for i, s in enumerate(streams)]
+                 year: tuple[int, int] | None = None) -> Iterator[tuple[int, bytes, Source | None]]:
+    """The streams' lines in time order (ties: the order the streams were given): (stream index, line, source).
+    `year`: what stamps without a year belong to before a line says (see `year_of`)."""
+    timed = [_timed(s, i, max_line_bytes, year) for i, s in enumerate(streams)]
     for _, index, raw, source in heapq.merge(*timed, key=lambda item: item[0]):
         yield index, raw, source
 

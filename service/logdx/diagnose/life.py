@@ -77,20 +77,59 @@ def ends_its_process(event: Event) -> bool:
     return event.kind in _TERMINAL_KINDS or bool(event.exception_type)
 
 
-def went_on_after(event: Event, summary: CompressionSummary, *, at_least: int = MIN_ADVANCES) -> bool:
-    """The rank that printed the event (when it prints progress of its own), else the whole job,
+def went_on_after(event: Event, summary: CompressionSummary, *, at_least: int = MIN_ADVANCES,
+                  whose: str | None = None) -> bool:
+    """The rank that printed the event (`whose`: the source whose progress counts instead, such as the
+    process on a GPU the kernel reported), when it prints progress of its own, else the whole job,
     advanced `at_least` times after it; or, for an event that does not end its process by nature, the
-    process went on doing its work (printing) long after it."""
+    process went on doing its work (printing) long after it.
+
+    "After" is read where it is sure, whatever order the job's streams (files, uploads of a host) arrive in:
+    a rank's own lines, and the lines of one stream, come in the order they were written; across streams,
+    the lines' own clocks tell (a line without a stamp keeps its stream's time before it, so its time
+    is a lower bound: read only where the event carries a stamp of its own). Only where neither can tell is
+    the order of arrival read."""
     mark = event.attrs.get("progress_at")
+    if whose is not None and whose != event.anchor.source_key:
+        by_time = _advanced_after_in_time(event, summary, whose, at_least)
+        if by_time is not None:
+            return by_time
     if not isinstance(mark, ProgressMark):
         return False
-    if _advanced_after(event, summary, mark, at_least):
-        return True
+    own = _own_progress(event, summary)
+    if own is not None:
+        if _advanced_after(event, summary, mark, at_least):
+            return True
+    else:
+        if not event.anchor.inherited:
+            by_time = _advanced_after_in_time(event, summary, event.anchor.source_key, at_least)
+            if by_time is not None:
+                return by_time
+        in_stream = _stream_went_on(mark, summary, at_least)
+        if in_stream is not None:
+            return in_stream
+        if _advanced_after(event, summary, mark, at_least):
+            return True
     if ends_its_process(event) or not is_warning(event):
         return False  # only what the program itself says it goes on after (a warning, a retry)
     # Only where training says nothing: once the job makes progress after an event, its progress
     # decides (the steps in flight when a rank died are printed by the others).
     return summary.progress.lines == mark.job_lines and _printed_on_after(event, summary, mark)
+
+
+def _own_progress(event: Event, summary: CompressionSummary) -> SourceProgress | None:
+    key = event.anchor.source_key
+    own = _source(summary.progress, key) if key != "-" else None
+    return own if own is not None and own.advances >= MIN_ADVANCES else None
+
+
+def _stream_went_on(mark: ProgressMark, summary: CompressionSummary, at_least: int) -> bool | None:
+    """Whether a source of the event's stream that prints progress advanced `at_least` times since; None when
+    no source of that stream prints any (a kernel log, a launcher's): the stream cannot tell."""
+    if not mark.stream_advances:
+        return None
+    now = {s.key: s.advances for s in summary.progress.sources}
+    return any(now.get(key, then) - then >= at_least for key, then in mark.stream_advances)
 
 
 def _printed_on_after(event: Event, summary: CompressionSummary, mark: ProgressMark) -> bool:
@@ -101,12 +140,49 @@ def _printed_on_after(event: Event, summary: CompressionSummary, mark: ProgressM
     return progress.job_quiet - mark.job_quiet >= _JOB_LINES_AFTER
 
 
+def _advanced_after_in_time(event: Event, summary: CompressionSummary, key: str, at_least: int) -> bool | None:
+    """Whether the source `key` (when it prints progress of its own), else any source of the job, advanced
+    `at_least` times after the event's time; None when the clocks cannot tell: the event, or that progress,
+    has no time, or its times equal the event's (a line without a stamp keeps the time of the one before)."""
+    t = event.ts
+    if t is None:
+        return None
+    progress = summary.progress
+    own = _source(progress, key) if key != "-" else None
+    if own is not None and own.advances >= MIN_ADVANCES:
+        return _rose_after(own, t, at_least) if own.advanced_at else None
+    verdicts = [_rose_after(s, t, at_least) for s in progress.sources if s.advanced_at]
+    if not verdicts:
+        return None
+    if any(verdicts):
+        return True
+    return None if None in verdicts else False
+
+
+def _rose_after(source: SourceProgress, t: float, at_least: int) -> bool | None:
+    """The source's counter rose `at_least` times after time `t`, or went `at_least` logging intervals past
+    the step it had reached by then (a line read in eight stands for the ones between); None when some of
+    its rises are stamped with `t` itself (the clock cannot tell them apart from the event)."""
+    after = [step for ts, step in source.advanced_at if ts > t]
+    if len(after) >= at_least:
+        return True
+    before = [step for ts, step in source.advanced_at if ts < t]
+    reached = before[-1] if before else source.first_step
+    delta = source.step_delta or 1.0
+    if after and reached is not None and max(after) - reached >= at_least * delta * 0.999:
+        return True
+    if any(ts == t for ts, _ in source.advanced_at):
+        return None
+    return False
+
+
 def _advanced_after(event: Event, summary: CompressionSummary, mark: ProgressMark, at_least: int) -> bool:
     """Steps, where the log numbers them: the source's (its own progress), else the job's highest, went
     `at_least` of its logging intervals (the smallest step between two progress lines) past where they
     were. Where it does not, progress lines counted instead."""
     progress = summary.progress
-    own = _source(progress, event.anchor.source_key) if event.anchor.source_key != "-" else None
+    key = event.anchor.source_key
+    own = _source(progress, key) if key != "-" else None
     if own is not None and own.advances >= MIN_ADVANCES:  # a loop of its own (not one summary line)
         # Its own counter rising again after the event is the rank going on, whatever its numbers read
         # (a source whose lines give a step on some and an epoch on others has no one step series).

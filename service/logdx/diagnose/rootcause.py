@@ -37,8 +37,8 @@ from logdx.model import (
     StageVote,
     TemplateStats,
 )
-from logdx.patterns import mask
-from logdx.taxonomy import is_resubmit
+from logdx.patterns import mask, pci_key
+from logdx.taxonomy import is_hardware, is_resubmit
 
 _SEQNUM = re.compile(r"SeqNum=(\d+)")
 # How close after a lesser fault a graver one must come to be taken as its cause.
@@ -153,7 +153,7 @@ def _match_all(events: Sequence[Event], rules: RuleSet, summary: CompressionSumm
             continue
         if _superseded(event, best):
             continue
-        survived = _survived(event, summary, ending) or _cleared(event, hit, rules, events)
+        survived = _survived(event, hit, summary, ending) or _cleared(event, hit, rules, events)
         key = (hit.rule_id, mask(hit.line.text), survived)
         found = by_key.get(key)
         if found is None:
@@ -234,11 +234,16 @@ def _silent_rank_hang(timeout: Finding, findings: list[Finding],
     return replace(timeout, hit=hit, ranks=set(att.ranks), hosts=set(att.hosts)), att
 
 
-def _survived(event: Event, summary: CompressionSummary, ending: _Ending) -> bool:
+def _survived(event: Event, hit: RuleHit, summary: CompressionSummary, ending: _Ending) -> bool:
     """The job went on after it. A loss gone NaN is survived only when the same process logs a finite
     loss again; a divergence the timeline confirmed, a stall, never (training goes on, ruined). What
     cannot end a process by itself (a logged error, an NIC's async event) did not end a job that exited
-    0, nor one whose training says it ran to its end, unless the job is known to have failed."""
+    0, nor one whose training says it ran to its end, unless the job is known to have failed. A fault of
+    a GPU is survived when the process on that GPU went on, when the log says which one it is.
+
+    A kernel line whose only clock is the boot's (no line of its host said when that boot was) cannot be
+    placed before or after anything: what can end a process stays a candidate cause unless the job ran
+    to its end; what cannot is a note."""
     divergence = summary.progress.divergence
     if event.kind == EventKind.LOSS_NAN:
         if divergence is not None and divergence.line_no == event.line_no:
@@ -248,9 +253,33 @@ def _survived(event: Event, summary: CompressionSummary, ending: _Ending) -> boo
         return divergence is None or divergence.line_no != event.line_no
     if event.kind == EventKind.STALL:
         return False
-    if not ends_its_process(event) and (ending.ok or (ending.exit_code is None and said_it_completed(summary.progress))):
+    completed = ending.ok or (ending.exit_code is None and said_it_completed(summary.progress))
+    if not ends_its_process(event) and completed:
         return True
-    return went_on_after(event, summary, at_least=ending.at_least)
+    if event.anchor.unanchored:
+        return completed or not (ends_its_process(event) or is_hardware(hit.label.failure_type))
+    return went_on_after(event, summary, at_least=ending.at_least, whose=_gpu_process(hit, summary))
+
+
+def _gpu_process(hit: RuleHit, summary: CompressionSummary) -> str | None:
+    """The source key of the rank on the GPU a hardware fault names (by its host and PCI address, or the
+    pid the kernel names), when the job's NCCL lines tie it to one; None otherwise."""
+    if not is_hardware(hit.label.failure_type):
+        return None
+    host = hit.host
+    if not host:
+        return None
+    keys = []
+    if hit.gpu:
+        keys.append(f"{host}|bus:{pci_key(hit.gpu)}")
+    pid = hit.event.attrs.get("pid") or hit.line.pid
+    if pid is not None:
+        keys.append(f"{host}|pid:{pid}")
+    for key in keys:
+        rank = summary.gpu_ranks.get(key)
+        if rank is not None:
+            return f"r{rank}"
+    return None
 
 
 def _cleared(event: Event, hit: RuleHit, rules: RuleSet, events: Sequence[Event]) -> bool:
@@ -261,7 +290,7 @@ def _cleared(event: Event, hit: RuleHit, rules: RuleSet, events: Sequence[Event]
         return False
     where = event.anchor.host or event.anchor.source_key
     return any(
-        e.line_no > event.line_no and (e.anchor.host or e.anchor.source_key) == where
+        _earlier(event, e) and (e.anchor.host or e.anchor.source_key) == where
         and any(p.search(e.anchor.text) for p in rule.cleared_by)
         for e in events)
 
@@ -286,8 +315,12 @@ def _note_where(found: Finding, hit: RuleHit) -> None:
 
 
 def _earlier(a: Event, b: Event) -> bool:
+    """By the lines' clocks; a line whose time is unknown (a boot clock) comes after one whose time is known,
+    whatever the order they arrived in; else by line order."""
     if a.ts is not None and b.ts is not None and a.ts != b.ts:
         return a.ts < b.ts
+    if a.anchor.unanchored != b.anchor.unanchored:
+        return b.anchor.unanchored
     return a.line_no < b.line_no
 
 

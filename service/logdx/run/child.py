@@ -74,7 +74,7 @@ class AttemptRunner:
         self.sup = sup
         self.attempt = attempt
         self.env = env
-        self.session = sup.engine.new_session()
+        self.session = sup.engine.new_session(live=True)
         self.watch = Watch()
         # At most 4096 chunks of 64 kB: a burst the pipeline cannot keep up with waits here
         # instead of slowing the job down (the job is only held back beyond that).

@@ -63,11 +63,13 @@ def generate(
     fail_at: float = 0.8,
     noise: float = 1.0,
     flavour: str = "auto",
+    start: float | None = None,
 ) -> Truth:
-    """Write one job's log to ``out`` (streamed, bounded memory) and return its ground truth."""
+    """Write one job's log to ``out`` (streamed, bounded memory) and return its ground truth. ``start``: when
+    the job starts (epoch seconds); by default a moment of 2024-2025 drawn from the seed."""
     spec = _check(scenario, style, flavour, ranks, gpus_per_host, fail_at, noise)
     job = make_job(out, name=spec.name, seed=seed, ranks=ranks, gpus_per_host=gpus_per_host, lines=lines,
-                   style=style, noise=noise, flavour=flavour)
+                   style=style, noise=noise, flavour=flavour, start=start)
     launcher_startup(job)
     if not spec.at_startup:
         framework_startup(job)
@@ -124,8 +126,13 @@ def check_job_shape(style: str, flavour: str, ranks: int, gpus_per_host: int) ->
         raise ValueError("gpus_per_host must be >= 1")
 
 
+def _start(rng: Random, start: float | None) -> float:
+    drawn = _EPOCH_2024 + rng.randrange(0, 540 * 86400) + rng.random()  # drawn either way: the seed's other choices stay
+    return drawn if start is None else start + (drawn % 1.0)
+
+
 def make_job(out: TextIO, *, name: str, seed: int, ranks: int, gpus_per_host: int, lines: int, style: str,
-             noise: float, flavour: str) -> Job:
+             noise: float, flavour: str, start: float | None = None) -> Job:
     """A job ready to write its start-up (``generate`` uses it; so does ``bury.bury``).
 
     Seeded by ``seed`` and ``name`` (the scenario) only, so that changing the style or size keeps
@@ -156,7 +163,7 @@ def make_job(out: TextIO, *, name: str, seed: int, ranks: int, gpus_per_host: in
         new_torch=rng.random() < 0.6,
         kernel_syslog=rng.random() < 0.5,
         nccl_timeout_ms=rng.choice((600_000, 600_000, 1_800_000, 300_000, 120_000)),
-        now=_EPOCH_2024 + rng.randrange(0, 540 * 86400) + rng.random(),
+        now=_start(rng, start),
         run_name=f"{rng.choice(('gpt', 'llama3', 'moe', 'mixtral', 'olmo'))}-{rng.choice(('1b', '8b', '13b', '70b'))}"
                  f"-run{rng.randrange(1, 60):02d}",
         ckpt_every=ckpt_every,
