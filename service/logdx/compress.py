@@ -640,7 +640,7 @@ class Compressor:
         self.last_progress = rec
         self._last_progress_line[source_key] = rec.line_no
         ts = rec.ts
-        if ts is not None and not rec.inherited:  # a stamp of its own: what step times are measured by
+        if ts is not None:
             if src.last_progress_ts is not None and ts > src.last_progress_ts:
                 gap = ts - src.last_progress_ts
                 src.interval_ema = gap if src.interval_ema is None else 0.9 * src.interval_ema + 0.1 * gap

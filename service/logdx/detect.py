@@ -31,6 +31,7 @@ _RICH_PATH = re.compile(r"(?P<path>(?:[A-Za-z]:)?[/\\~][^\s│:]*\.py):(?P<line>
 _RICH_LINE_FUNC = re.compile(r"^[│|\s]*(?P<line>\d+) in (?P<func>[\w<>]+)")
 _XID = re.compile(r"Xid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): (?P<code>\d+)")
 _XID_PID = re.compile(r"\bpid=(\d+)")
+_KILLED_PROCESS = re.compile(r"\bKilled process (\d+)")
 _PCI = re.compile(r"\b(?P<pci>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\b")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(?P<code>-?\d+)|Signal (?P<sig>\d+) \((?P<name>SIG\w+)\)")
 _PID = re.compile(r"\(pid:? (\d+)\)|\bpid[= ](\d+)")
@@ -456,6 +457,8 @@ class Detector:
             ev.kind = EventKind.NCCL
         elif "ChildFailedError" in text:
             ev.kind = EventKind.CHILD_FAILED
+        elif "Killed process" in text and (m := _KILLED_PROCESS.search(text)):
+            ev.attrs["pid"] = int(m.group(1))  # the kernel's OOM killer names the process it killed
         else:
             m = _EXITCODE.search(text)
             if m:

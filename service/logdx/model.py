@@ -132,7 +132,11 @@ class Record:
     # The line's only clock is the kernel's seconds since boot ("[1234.567890] ...", raw dmesg) and no line of
     # its host said when that boot was: its time is unknown, and it is kept out of judgements by time.
     unanchored: bool = False
-    inherited: bool = False  # `ts` is not the line's own: it kept the time of the line before it in its stream
+    # When it was written as far as its stream tells: `ts`, else the time of the line before it in its stream
+    # (a traceback's frames, a bare progress bar were written then or just after), and then, once known, the
+    # time of its stream's next stamped line (written by then). `ts` stays the line's own stamp.
+    at: float | None = None
+    until: float | None = None
     feed: int = 0  # which stream it came in on (a file, a shipper's upload for one host or rank): see Session
 
     @property

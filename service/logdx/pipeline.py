@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 _TIMING_SAMPLE_MASK = 63
 _MAX_STREAMS = 65536  # streams whose time a session remembers apart
+_MAX_AWAITING = 4096  # kept lines of one stream waiting for its next stamp
 
 
 @dataclass
@@ -247,6 +248,7 @@ class Session:
         self._stream_ts: float | None = None
         self._stream_index = 0
         self._stream_times: dict[tuple | None, tuple[int, float | None]] = {}
+        self._awaiting: dict[int, list[Record]] = {}  # per stream: kept lines whose time has only a lower bound
         self._normalize_s = 0.0
         self._compress_s = 0.0
         self._fed = 0
@@ -261,10 +263,12 @@ class Session:
             self._switch_stream(source)
         rec.feed = self._stream_index
         if rec.ts is None:
-            if not rec.unanchored and self._stream_ts is not None:
-                rec.ts, rec.inherited = self._stream_ts, True
+            if not rec.unanchored:
+                rec.at = self._stream_ts
         else:
-            self._stream_ts = rec.ts
+            rec.at = self._stream_ts = rec.ts
+            if self._awaiting:
+                self._bound(rec)
         kept = self.compressor.add(rec)
         return self._detect(kept) if kept else []
 
@@ -280,26 +284,37 @@ class Session:
         return rec, (self._detect(kept) if kept else [])
 
     def _record(self, raw: bytes | str, source: Source | None) -> Record:
-        """The line's record, timed: a line without a stamp of its own (a traceback's frames and exception, a
-        bare progress bar) keeps the time of the line before it in its stream (it was written then, or just after).
+        """The line's record, with when it was written as far as its stream tells (`Record.at`): a line without
+        a stamp of its own (a traceback's frames and exception, a bare progress bar) was written when the line
+        before it in its stream was, or just after.
         (`feed` has this inline: it is the hot path.)"""
         rec = self.normalizer.normalize(raw, source)
         if source is not self._stream_source:
             self._switch_stream(source)
         rec.feed = self._stream_index
         if rec.ts is None:
-            if not rec.unanchored and self._stream_ts is not None:
-                rec.ts, rec.inherited = self._stream_ts, True
+            if not rec.unanchored:
+                rec.at = self._stream_ts
         else:
-            self._stream_ts = rec.ts
+            rec.at = self._stream_ts = rec.ts
+            if self._awaiting:
+                self._bound(rec)
         return rec
+
+    def _bound(self, stamped: Record) -> None:
+        """A stamped line: the kept lines of its stream that had only their predecessor's time were written
+        by this one's."""
+        waiting = self._awaiting.pop(stamped.feed, None)
+        if waiting:
+            for rec in waiting:
+                rec.until = stamped.ts
 
     def _switch_stream(self, source: Source | None) -> None:
         """Lines of another stream (a file, a shipper's upload for one host or rank) come in: each stream keeps
         its own time."""
         streams = self._stream_times
         streams[self._stream_key] = (self._stream_index, self._stream_ts)
-        key = None if source is None else (source.host, source.rank, source.stream)
+        key: tuple | None = None if source is None else (source.host, source.rank, source.stream)
         if key not in streams and len(streams) >= _MAX_STREAMS:
             key = ("overflow",)
         self._stream_source, self._stream_key = source, key
@@ -319,6 +334,10 @@ class Session:
     def _detect(self, kept: list[KeptLine]) -> list[Event]:
         new: list[Event] = []
         for k in kept:
+            if k.record.ts is None and k.record.at is not None:  # written by its stream's next stamp: wait for it
+                waiting = self._awaiting.setdefault(k.record.feed, [])
+                if len(waiting) < _MAX_AWAITING:
+                    waiting.append(k.record)
             new.extend(self.detector.feed(k))
         if new:
             self._note_events(new)

@@ -343,7 +343,7 @@ class _Source:
     loops: dict[int, list[float]] = field(default_factory=dict)  # template -> [last counter, advances]
     plain: dict[int, int] = field(default_factory=dict)  # template of a loss line without a counter -> lines
     main_lines: int = 0  # lines of its main loop (the counter-only fast path samples them)
-    pending: tuple[ProgressShape, int, bytes, float | None] | None = None  # its last line, not read yet
+    pending: tuple[ProgressShape, int, bytes, float | None, float | None] | None = None  # its last line, unread
     rate_anchor: tuple[float, float] | None = None  # (ts, step) of its first timed step
     rate_last: tuple[float, float] | None = None  # and of its last
     # (time, step) of its counter's latest rises (the fast path reads one line in `_SAMPLE`): did it go on
@@ -476,7 +476,7 @@ class Timeline:
             counter = float(nums[shape.counter])
             if shape.epoch >= 0:
                 counter += float(nums[shape.epoch]) * float(nums[shape.total])
-            self._count(src, template_id, counter, ts)
+            self._count(src, template_id, counter, ts, at=rec.at)
         elif "loss" in values:
             # A loss printed every step without its number: its n-th line is the step (a line printed
             # once or twice, like an exit summary's "train/loss 3.66", is no loop).
@@ -523,20 +523,20 @@ class Timeline:
             if n > _EXACT_LINES and n % _SAMPLE:
                 if src.pending is None:
                     self._unread.append(src)
-                src.pending = (shape, template_id, encoded, ts)
+                src.pending = (shape, template_id, encoded, ts, rec.at)
                 return
         src.pending = None
-        self._read_counter(src, shape, template_id, encoded, ts)
+        self._read_counter(src, shape, template_id, encoded, ts, rec.at)
 
     def _read_counter(self, src: _Source, shape: ProgressShape, template_id: int, encoded: bytes,
-                      ts: float | None) -> None:
+                      ts: float | None, at: float | None = None) -> None:
         runs = _DIGIT_RUN.findall(encoded)
         if len(runs) != shape.n_runs:
             return
         counter = int(runs[shape.counter_run])
         if shape.epoch_run >= 0:
             counter += int(runs[shape.epoch_run]) * int(runs[shape.total_run])
-        self._count(src, template_id, float(counter), ts)
+        self._count(src, template_id, float(counter), ts, at=at)
 
     def _flush_all(self) -> None:
         for src in self._unread:
@@ -546,11 +546,12 @@ class Timeline:
     def _flush(self, src: _Source) -> None:
         """Read the last, unread line of a source: where exactly it is."""
         if src.pending is not None:
-            shape, template_id, encoded, ts = src.pending
+            shape, template_id, encoded, ts, at = src.pending
             src.pending = None
-            self._read_counter(src, shape, template_id, encoded, ts)
+            self._read_counter(src, shape, template_id, encoded, ts, at)
 
-    def _count(self, src: _Source, template_id: int, value: float, ts: float | None, numbered: bool = True) -> None:
+    def _count(self, src: _Source, template_id: int, value: float, ts: float | None, numbered: bool = True,
+               at: float | None = None) -> None:
         """A counter of one of the source's loops. The loop that advanced most is its main one (the
         training steps; an evaluation bar or a second line printing the same step is not): only that
         one's rises are the source's advances. A loop that is not `numbered` (lines counted, not a step
@@ -579,10 +580,11 @@ class Timeline:
             return
         if src.main_value is not None and value > src.main_value:
             src.advances += 1
-            if ts is not None and numbered:
+            when = ts if ts is not None else at  # its own stamp, else its stream's time before it
+            if when is not None and numbered:
                 if len(src.advanced_at) >= _TIMED_ADVANCES:
                     del src.advanced_at[: _TIMED_ADVANCES // 2]
-                src.advanced_at.append((ts, value))
+                src.advanced_at.append((when, value))
             if numbered:
                 delta = value - src.main_value
                 if src.step_delta is None or delta < src.step_delta:

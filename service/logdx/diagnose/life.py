@@ -101,13 +101,16 @@ def went_on_after(event: Event, summary: CompressionSummary, *, at_least: int = 
         if _advanced_after(event, summary, mark, at_least):
             return True
     else:
-        if not event.anchor.inherited:
-            by_time = _advanced_after_in_time(event, summary, event.anchor.source_key, at_least)
-            if by_time is not None:
-                return by_time
+        by_time = _advanced_after_in_time(event, summary, event.anchor.source_key, at_least)
+        if by_time is not None:
+            return by_time
         in_stream = _stream_went_on(mark, summary, at_least)
         if in_stream is not None:
             return in_stream
+        if event.ts is None and event.anchor.at is not None and event.anchor.until is None and ends_its_process(event):
+            # When it was written is unknown past its stream's last stamp, and nothing of its stream says the
+            # job went on after it: the order other streams arrived in cannot say so either.
+            return False
         if _advanced_after(event, summary, mark, at_least):
             return True
     if ends_its_process(event) or not is_warning(event):
@@ -144,7 +147,8 @@ def _advanced_after_in_time(event: Event, summary: CompressionSummary, key: str,
     """Whether the source `key` (when it prints progress of its own), else any source of the job, advanced
     `at_least` times after the event's time; None when the clocks cannot tell: the event, or that progress,
     has no time, or its times equal the event's (a line without a stamp keeps the time of the one before)."""
-    t = event.ts
+    # A line without a stamp of its own was written by its stream's next stamp (unknown: no later stamp).
+    t = event.ts if event.ts is not None else event.anchor.until
     if t is None:
         return None
     progress = summary.progress

@@ -34,6 +34,7 @@ from logdx.model import (
     Label,
     Record,
     Role,
+    Severity,
     StageVote,
     TemplateStats,
 )
@@ -257,8 +258,13 @@ def _survived(event: Event, hit: RuleHit, summary: CompressionSummary, ending: _
     if not ends_its_process(event) and completed:
         return True
     if event.anchor.unanchored:
-        return completed or not (ends_its_process(event) or is_hardware(hit.label.failure_type))
+        return completed or not (ends_its_process(event) or is_hardware(hit.label.failure_type) or _grave(hit))
     return went_on_after(event, summary, at_least=ending.at_least, whose=_gpu_process(hit, summary))
+
+
+def _grave(hit: RuleHit) -> bool:
+    """A root cause that ends a job when it happens (the OOM killer's kill, a node's failure)."""
+    return hit.role is Role.ROOT_CAUSE and hit.severity.rank <= Severity.HIGH.rank
 
 
 def _gpu_process(hit: RuleHit, summary: CompressionSummary) -> str | None:
