@@ -222,6 +222,10 @@ async def login(request: Request, services: ServicesDep) -> Response:
 
 @pages_router.post("/logout")
 def logout(request: Request, services: ServicesDep) -> Response:
+    """Sign out: the session ends in the shared store (every replica refuses the cookie from now on)."""
+    cookie = request.cookies.get(COOKIE)
+    if cookie and services.cookies is not None:
+        services.cookies.revoke(cookie)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict", secure=_https(request, services))
     return response
