@@ -37,18 +37,23 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+_PARTIAL = ("records that carried a line were refused (see `refused`; answered 207 Multi-Status); records "
+            "without text (`refused.empty`) are only counted")
+
+
 class IngestResponse(BaseModel):
     job_id: str
     accepted_lines: int = Field(description="lines of this request now in the job (and in its spool)")
     accepted_bytes: int = Field(description="body bytes received, as sent (compressed if it was)")
     skipped_records: int = Field(0, description="records that gave no line (see `refused`)")
     refused: dict[str, int] = Field(default_factory=dict, description="records that gave no line, by reason: "
-                                    "no_message, no_job, bad_job_id, malformed")
+                                    "no_message, no_job, bad_job_id, malformed, empty")
     truncated_lines: int = Field(0, description="lines longer than input.max_line_bytes, cut and marked")
     job_lines: int = Field(description="lines the job has received so far, all uploads together")
     queued_lines: int = Field(0, description="of those, lines committed while the engine loads (see /readyz): "
                                              "durable, and applied and diagnosed once it is ready")
     duplicate: bool = Field(False, description="an earlier request with the same Idempotency-Key was applied")
+    partial: bool = Field(False, description=_PARTIAL)
 
 
 class RoutedIngestResponse(BaseModel):
@@ -59,6 +64,7 @@ class RoutedIngestResponse(BaseModel):
     refused: dict[str, int] = Field(default_factory=dict, description="records that gave no line, by reason")
     jobs: dict[str, int] = Field(default_factory=dict, description="lines applied per job")
     node_lines: int = Field(0, description="lines that named a host and no job, kept in the host's node stream")
+    partial: bool = Field(False, description=_PARTIAL)
 
 
 class NodeIngestResponse(BaseModel):
@@ -66,8 +72,10 @@ class NodeIngestResponse(BaseModel):
 
     host: str
     node_lines: int = Field(description="lines kept in the host's node stream")
+    accepted_lines: int = Field(0, description="the same: lines of this request now in the node stream")
     skipped_records: int = Field(0, description="records that gave no line (see `refused`)")
     refused: dict[str, int] = Field(default_factory=dict, description="records that gave no line, by reason")
+    partial: bool = Field(False, description=_PARTIAL)
 
 
 class EndRequest(_In):
