@@ -41,6 +41,7 @@ from logdx.act.actuators import ACTUATORS
 from logdx.act.alerts.destinations import DESTINATIONS, DestinationClass
 from logdx.model import FT
 from logdx.settings_base import Section
+from logdx.tenancy import TENANT
 
 ENV_PREFIX = "LOGDX_"
 ENV_CONFIG = "LOGDX_CONFIG"
@@ -281,16 +282,18 @@ class BusSettings(Section):
 
 
 class TokenSpec(Section):
-    """One named credential of the HTTP API: what it may do (its role) and, for a shipper, the tenant
-    whose jobs it writes. Only the token's SHA-256 is configured, never the token."""
+    """One named credential of the HTTP API: what it may do (its role) and, bound to a tenant, whose
+    jobs it writes and reads. Only the token's SHA-256 is configured, never the token."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$", description="recorded in audits as who acted")
     role: Literal["shipper", "reader", "operator"] = Field(
         description="shipper: upload logs; reader: read jobs and reports; operator: also act (feedback, uncordon, "
         "breaker reset)")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description='hex SHA-256 of the token: printf %s "$TOKEN" | sha256sum')
-    tenant: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,63})?$",
-                        description="a shipper with a tenant writes only into jobs of its tenant; empty: every job")
+    tenant: str = Field("", pattern=rf"^({TENANT})?$",
+                        description="any role: a token with a tenant writes and reads only its tenant's jobs, "
+                        "reports and incidents (its jobs are named <tenant>:<name>) and no cluster-wide view "
+                        "(nodes, actions, metrics, cluster); empty: every job")
 
 
 class ServerSettings(Section):

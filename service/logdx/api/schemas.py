@@ -217,6 +217,8 @@ class FeedbackRequest(_In):
     failure_type: str = Field(min_length=1, max_length=64)
     action: LabelAction | None = None
     note: str | None = Field(None, max_length=4000)
+    share: bool = Field(False, description="make the incident shared (every tenant sees it, every diagnosis "
+                        "retrieves it): a cluster-wide operator's choice; default: the report's tenant's")
 
 
 class IncidentOut(BaseModel):
@@ -233,6 +235,7 @@ class IncidentOut(BaseModel):
     report_id: str | None
     created_at: float
     updated_at: float
+    tenant: str = Field("", description="whose it is; empty: shared by every tenant (and retrieved in diagnoses)")
 
 
 class IncidentList(BaseModel):

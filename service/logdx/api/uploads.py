@@ -201,6 +201,7 @@ async def post_logs(
     key = _idempotency_key(request)
     receiver = Receiver(request, services, upload, key)
     job, _ = await receiver.open_part(job_id)
+    job_id = job.id  # a tenant's job: its qualified id
     if key is not None:
         job.inflight_keys.discard(key)  # the duplicate check below must not see this request itself
         try:
@@ -350,7 +351,7 @@ async def diagnose(
         return Response(status_code=400)  # nobody is listening
     services.metrics.lines.labels(upload.fmt).inc(session.lines)
     report = await services.run(lambda: session.report(exit_code=exit_code, final=True))
-    await services.run(services.jobs.save_report, report, session.last_context)
+    await services.run(services.jobs.save_report, report, session.last_context, tenant_of(request))
     services.metrics.reports.labels("oneshot", report.status, report.category or "none").inc()
     services.metrics.stage.labels("diagnose").observe(report.timings_ms.get("diagnose", 0.0) / 1000)
     return report
