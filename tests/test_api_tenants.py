@@ -1,14 +1,17 @@
 """Tenants apart on every read (issue 29): a token bound to a tenant reads only its tenant's jobs,
-reports and incidents, on every endpoint of the API and every page, and never learns
+reports and incidents, on every endpoint of the API, every page and every MCP tool, and never learns
 that another tenant's job, report or incident exists (404, the same answer as for one that never was).
 
-The tables below name every operation of the app's OpenAPI spec and every page, each with what a
-tenant-bound reader gets: a new endpoint without a decision here fails the test. A real server
-(uvicorn on loopback) on SQLite and on PostgreSQL.
+The tables below name every operation of the app's OpenAPI spec, every page and every MCP tool, each
+with what a tenant-bound reader gets: a new endpoint or tool without a decision here fails the test.
+A real server (uvicorn on loopback) on SQLite and on PostgreSQL; `logdx mcp --http` in a subprocess
+over the same store, called through the MCP SDK's own client.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -17,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from api_server import LoopbackApp
 from conftest import postgres_schema
@@ -24,6 +28,7 @@ from logdx.act.actuators import NodeName
 from logdx.api.auth import token_digest
 from logdx.config import Settings
 from logdx.pipeline import Engine
+from logdx.testing import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -349,3 +354,151 @@ def test_the_restart_hook_gets_a_tenants_job_by_its_name_and_tenant(world: World
     values = hook_values("team-b:train-42", report)
     assert fill_command("/opt/requeue.sh {tenant} {job_id}", values) == ["/opt/requeue.sh", "team-b", "train-42"]
     assert (hook_values("train-42", report)["job_id"], hook_values("train-42", report)["tenant"]) == ("train-42", "")
+
+
+# --- MCP: every tool, for a tenant-bound reader ---------------------------------------------------------------
+
+
+def _mcp_config(w: World, tmp: Path) -> Path:
+    s = w.settings
+    store = {"url": s.store.url} if s.store.url else {"path": str(s.store.path or s.data_dir / "logdx.db")}
+    config = {"data_dir": str(tmp), "store": store, "llm": {"enabled": False}, "retrieval": {"enabled": False},
+              "server": {"tokens": [t.model_dump() for t in s.server.tokens]},
+              "mcp": {"service_url": w.app.url, "allow_actions": True}}
+    path = tmp / "mcp.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _untrusted_paths(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    """(path, string) of every string in an answer, the path in `untrusted_fields`' notation."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _untrusted_paths(v, f"{path}.{k}" if path else k)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _untrusted_paths(v, f"{path}[]")
+    elif isinstance(value, str):
+        yield path, value
+
+
+def _marked(answer: dict[str, Any]) -> None:
+    """Log text only in the fields the answer marks untrusted (the canary is instruction-shaped log text)."""
+    unmarked = [p for p, text in _untrusted_paths(answer) if "canary-7f3a" in text
+                and p not in answer["untrusted_fields"]]
+    assert not unmarked, f"log text outside untrusted_fields: {unmarked}"
+
+
+def test_every_mcp_tool_keeps_a_tenant_to_itself_and_marks_log_text(world: World, tmp_path: Path) -> None:
+    from test_mcp import http_client, run, start_http, stop
+
+    ids = world.ids
+    proc, url = start_http(tmp_path / "data", config=_mcp_config(world, tmp_path))
+    errors: dict[str, str] = {}
+    answers: dict[str, Any] = {}
+
+    async def call(client: Any, name: str, args: dict[str, Any], *, fails: bool = False) -> Any:
+        result = await client.call_tool(name, args)
+        assert result.is_error == fails, (name, args, result.content)
+        if fails:
+            errors[f"{name} {json.dumps(args)}"] = result.content[0].text
+            return None
+        answer = {k: v for k, v in result.structured_content.items() if k != "query"}  # (the query is ours)
+        world.clean(json.dumps(answer), f"mcp {name} {args}")
+        _marked(result.structured_content)
+        answers[name] = result.structured_content
+        return result.structured_content
+
+    async def diagnose(c: Any) -> None:
+        got = await call(c, "diagnose", {"job_id": "inject-1"})
+        assert got["id"] == ids["a_inject_report"] and any(CANARY in e["text"] for e in got["evidence"])
+        await call(c, "diagnose", {"job_id": "team-b:train-42"}, fails=True)
+        await call(c, "diagnose", {"paths": [str(tmp_path)]}, fails=True)  # the machine's files: the operator's
+
+    async def report(c: Any) -> None:
+        assert (await call(c, "report", {"report_id": ids["a_report"]}))["id"] == ids["a_report"]
+        for foreign in ("b_report", "b_oneshot"):
+            await call(c, "report", {"report_id": ids[foreign]}, fails=True)
+
+    async def evidence(c: Any) -> None:
+        got = await call(c, "evidence", {"report_id": ids["a_inject_report"]})
+        assert CANARY in got["root_cause"]["text"]
+        await call(c, "evidence", {"report_id": ids["b_report"]}, fails=True)
+
+    async def templates(c: Any) -> None:
+        got = await call(c, "templates", {"job_id": "inject-1", "errors_only": False})
+        assert got["id"] == "team-a:inject-1" and any("canary-7f3a" in t["sample"] for t in got["templates"])
+        await call(c, "templates", {"job_id": "team-b:train-42"}, fails=True)
+
+    async def search_incidents(c: Any) -> None:
+        got = await call(c, "search_incidents", {"query": "KeyError canary-7f3a", "k": 50})
+        learned = next(h["incident"] for h in got["hits"] if h["incident"]["id"] == ids["a_incident"])
+        # the incident keeps the log line as it was, in its own marked field, never folded into its note
+        assert CANARY in learned["root_line"] and CANARY not in learned["note"]
+        assert "root_line" in learned["untrusted_fields"]
+        got = await call(c, "search_incidents", {"query": f"KeyError {B_MARK}", "k": 50})
+        assert ids["b_incident"] not in {h["incident"]["id"] for h in got["hits"]}
+
+    async def jobs(c: Any) -> None:
+        got = await call(c, "jobs", {})
+        assert {j["job_id"] for j in got["jobs"]} == {"team-a:train-42", "team-a:inject-1"}
+
+    async def refused(c: Any, name: str, args: dict[str, Any]) -> None:
+        await call(c, name, args, fails=True)
+
+    tools: dict[str, Callable[[Any], Any]] = {
+        "diagnose": diagnose, "report": report, "evidence": evidence, "templates": templates,
+        "search_incidents": search_incidents, "jobs": jobs,
+        "nodes": lambda c: refused(c, "nodes", {}),  # the cluster's
+        "feedback": lambda c: refused(c, "feedback", {"report_id": ids["a_report"], "category": "script",
+                                                       "failure_type": "key_error"}),  # a reader's token
+        "act": lambda c: refused(c, "act", {"report_id": ids["a_report"], "job_id": "train-42"}),
+        "uncordon": lambda c: refused(c, "uncordon", {"node": "node-07", "by": "me"}),
+    }
+
+    async def session() -> set[str]:
+        async with http_client(url, SECRET["reader-a"]) as client:
+            listed = {t.name: t for t in (await client.list_tools()).tools}
+            for tool in listed.values():
+                assert "untrusted_fields" in (tool.description or ""), tool.name
+            for check in tools.values():
+                await check(client)
+            return set(listed)
+
+    try:
+        wait_until(lambda: httpx.post(url, json={}, timeout=30).status_code == 401, "logdx mcp refusing strangers")
+        listed = run(session())
+        shipper = httpx.post(url, json={}, headers={"authorization": f"Bearer {SECRET['ship-a']}"}, timeout=30)
+    finally:
+        stop(proc)
+    assert listed == set(tools), f"tools without a tenant decision: {sorted(listed - set(tools))}"
+    assert shipper.status_code == 403  # a shipper's token is for uploads
+    for call_, message in errors.items():
+        assert len(message.splitlines()) == 1 and "team-b" not in message.replace("team-b:train-42", ""), (
+            call_, message)
+    assert re.search(r"tenant 'team-a'", errors['nodes {}']), errors
+
+
+def test_a_tenants_operator_teaches_from_its_own_reports_over_mcp(world: World, tmp_path: Path) -> None:
+    from test_mcp import http_client, run, start_http, stop
+
+    ids = world.ids
+    proc, url = start_http(tmp_path / "data", config=_mcp_config(world, tmp_path))
+
+    async def session() -> tuple[Any, Any, Any]:
+        async with http_client(url, SECRET["op-a"]) as client:
+            mine = await client.call_tool("feedback", {"report_id": ids["a_inject_report"], "category": "script",
+                                                       "failure_type": "key_error", "note": "relabelled"})
+            theirs = await client.call_tool("feedback", {"report_id": ids["b_report"], "category": "script",
+                                                         "failure_type": "key_error"})
+            act = await client.call_tool("act", {"report_id": ids["a_report"], "job_id": "train-42"})
+            return mine, theirs, act
+
+    try:
+        mine, theirs, act = run(session())
+    finally:
+        stop(proc)
+    assert not mine.is_error and mine.structured_content["tenant"] == "team-a", mine.content
+    assert set(mine.structured_content["untrusted_fields"]) >= {"root_line", "root_template", "templates[]"}
+    assert theirs.is_error and "no stored report" in theirs.content[0].text
+    assert act.is_error and "every tenant" in act.content[0].text  # cordons are the cluster's

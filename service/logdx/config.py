@@ -535,14 +535,16 @@ class HangSettings(Section):
 class McpSettings(Section):
     """`logdx mcp`: logdx as a tool for AI agents (Model Context Protocol), over stdio or streamable HTTP."""
 
-    host: str = Field("127.0.0.1", description="--http: the address to listen on (not loopback: server.token needed)")
+    host: str = Field("127.0.0.1", description="--http: the address to listen on (not loopback: server.token or server.tokens "
+                      "needed)")
     port: int = Field(8078, ge=1, le=65535, description="--http: the port; the endpoint is /mcp")
     allow_actions: bool = Field(
         False, description="offer the tools that change something (feedback, act on a report, uncordon): still "
-        "behind actions.* (dry run by default, budget, breaker) and, over HTTP, server.token")
+        "behind actions.* (dry run by default, budget, breaker) and, over HTTP, an operator's token")
     service_url: str = Field(
         "", description="the running `logdx serve` whose jobs `diagnose` and `templates` reach by job id; "
-        "default server.public_url, else http://127.0.0.1:<server.port>; its token is server.token")
+        "default server.public_url, else http://127.0.0.1:<server.port>; asked with the caller's own token over "
+        "HTTP (so it answers for that caller's role and tenant), with server.token over stdio")
     paths: list[Path] = Field(
         default_factory=list, description="folders whose logs the tools may read; empty: any path over stdio "
         "(the agent runs as you), none over HTTP")
