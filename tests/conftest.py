@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -116,9 +117,10 @@ def nats_unreachable() -> str | None:
         return f"NATS at {NATS_URL} unreachable: {e}"
 
 
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A PostgreSQL URL whose every table lives in a schema of this test's own (dropped after)."""
+@contextmanager
+def postgres_schema() -> Iterator[str]:
+    """A PostgreSQL URL whose every table lives in a schema of its own (dropped after); skips the test
+    when PostgreSQL cannot be reached."""
     why = postgres_unreachable()
     if why:
         pytest.skip(why)
@@ -130,9 +132,18 @@ def pg_url() -> Iterator[str]:
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
     sep = "&" if "?" in POSTGRES_URL else "?"
-    yield f"{POSTGRES_URL}{sep}options=-csearch_path%3D{schema}"
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    try:
+        yield f"{POSTGRES_URL}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL URL whose every table lives in a schema of this test's own (dropped after)."""
+    with postgres_schema() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.integration)])

@@ -97,23 +97,36 @@ def test_the_audit_names_the_operators_token_never_the_stated_name(app: Loopback
         assert audit[-1]["action"] == "breaker" and audit[-1]["job_id"] == "oncall-alice"
 
 
-def test_one_tenants_shipper_cannot_touch_another_tenants_jobs(app: LoopbackApp) -> None:
+def test_job_ids_are_namespaced_so_one_tenant_can_neither_squat_nor_see_anothers(app: LoopbackApp) -> None:
+    """Issue 29: the same job name used by two tenants is two jobs; another tenant's job is as missing
+    as a job that never was; a cluster-wide token names a tenant's job by its qualified id."""
     with _as(app, "fluentbit-a") as a, _as(app, "fluentbit-b") as b, _as(app, "daemonset") as d:
-        assert a.post("/v1/jobs/tenant-a-job/logs", content=XID, headers={"x-a": "1"}).status_code == 200
-        assert _code(b.post("/v1/jobs/tenant-a-job/logs", content=XID, headers={"x-a": "1"})) == (403, "tenant_mismatch")
-        assert _code(b.get("/v1/jobs/tenant-a-job")) == (403, "tenant_mismatch")
-        assert _code(b.post("/v1/jobs/tenant-a-job/end", json={"exit_code": 1})) == (403, "tenant_mismatch")
+        r = a.post("/v1/jobs/train-42/logs", content=XID, headers={"x-a": "1"})
+        assert r.status_code == 200 and r.json()["job_id"] == "team-a:train-42", r.text
+        r = b.post("/v1/jobs/train-42/logs", content=b"b's own line\n", headers={"x-a": "1"})  # the name is free
+        assert r.status_code == 200 and r.json()["job_id"] == "team-b:train-42", r.text
+        assert a.get("/v1/jobs/train-42").json()["lines"] == 1 and b.get("/v1/jobs/train-42").json()["lines"] == 1
+        assert a.get("/v1/jobs/team-a:train-42").json()["job_id"] == "team-a:train-42"
+        missing, foreign = b.get("/v1/jobs/team-a:never-was"), b.get("/v1/jobs/team-a:train-42")
+        assert _code(missing) == _code(foreign) == (404, "job_not_found")
+        assert missing.json()["error"]["message"] == "no job 'team-a:never-was'"  # the same words, ids aside
+        assert _code(b.get("/v1/jobs/team-a:train-42/templates")) == (404, "job_not_found")
+        # writing under another tenant's name is refused by the name alone (existing or not)
+        for path in ("/v1/jobs/team-a:train-42/logs", "/v1/jobs/team-a:never-was/logs"):
+            assert _code(b.post(path, content=XID, headers={"x-a": "1"})) == (403, "tenant_mismatch")
+        assert _code(b.post("/v1/jobs/team-a:train-42/end", json={"exit_code": 1})) == (403, "tenant_mismatch")
         # routed: the record naming the other tenant's job refuses the request, which applies nothing
-        body = b'{"log": "x", "job_id": "tenant-b-job"}\n{"log": "y", "job_id": "tenant-a-job"}\n'
+        body = b'{"log": "x", "job_id": "tenant-b-job"}\n{"log": "y", "job_id": "team-a:train-42"}\n'
         r = b.post("/v1/logs", content=body, headers={"content-type": "application/x-ndjson"})
         assert _code(r) == (403, "tenant_mismatch"), r.text
         assert _code(b.get("/v1/jobs/tenant-b-job"))[0] == 404  # the job the refused request created is gone
-        # a cluster-wide shipper (the nodes' DaemonSet) writes into every tenant's job
-        assert d.post("/v1/jobs/tenant-a-job/logs", content=b"kernel line\n", headers={"x-a": "1"}).status_code == 200
-        # a tenant's shipper cannot write into a job created without a tenant
-        assert d.post("/v1/jobs/shared-job/logs", content=b"x\n", headers={"x-a": "1"}).status_code == 200
-        assert _code(a.post("/v1/jobs/shared-job/logs", content=b"x\n", headers={"x-a": "1"})) == (403, "tenant_mismatch")
-        assert a.get("/v1/jobs/tenant-a-job").json()["lines"] == 2
+        # a cluster-wide shipper (the nodes' DaemonSet) writes into a tenant's job by its qualified id; its
+        # plain name is a job without a tenant, which no tenant's token reaches
+        assert d.post("/v1/jobs/team-a:train-42/logs", content=b"kernel line\n", headers={"x-a": "1"}).status_code == 200
+        r = d.post("/v1/jobs/train-42/logs", content=b"x\n", headers={"x-a": "1"})
+        assert r.status_code == 200 and r.json()["job_id"] == "train-42", r.text
+        assert a.get("/v1/jobs/train-42").json()["lines"] == 2
+        assert _code(a.get("/v1/jobs/team-b:train-42")) == (404, "job_not_found")
 
 
 def test_without_tokens_operator_endpoints_need_an_explicit_opt_in(tmp_path: Path, engine: Engine) -> None:

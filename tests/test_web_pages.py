@@ -111,10 +111,30 @@ def test_a_session_cookie_stands_for_its_token_and_its_role(app: LoopbackApp, en
         assert c.get("/jobs/run-1").status_code == 303
 
 
+def test_sign_out_ends_the_session_on_every_replica(app: LoopbackApp, ended: tuple[str, Truth],
+                                                   tmp_path: Path) -> None:
+    """Issue 29: a copied cookie is refused once its session signed out, by whichever replica it reaches
+    (the sessions live in the store the replicas share)."""
+    settings = app.services.settings
+    shared = _settings(tmp_path, tokens=[t.model_dump() for t in settings.server.tokens])
+    shared.store.path = settings.store.path or settings.data_dir / "logdx.db"
+    with LoopbackApp(shared, app.services.engine) as replica, _as(app) as c:
+        _sign_in(c, "grafana")
+        value = c.cookies[COOKIE]
+        for url in (app.url, replica.url):
+            with httpx.Client(base_url=url, cookies={COOKIE: value}, timeout=60) as copied:
+                assert copied.get("/v1/jobs").status_code == 200 and copied.get("/jobs/run-1").status_code == 200
+        assert c.post("/logout").status_code == 303
+        for url in (app.url, replica.url):
+            with httpx.Client(base_url=url, cookies={COOKIE: value}, timeout=60) as copied:
+                assert copied.get("/v1/jobs").status_code == 401
+                assert copied.get("/jobs/run-1").status_code == 303  # to the login form
+
+
 def test_a_tenants_shipper_sees_only_its_tenants_pages(app: LoopbackApp, ended: tuple[str, Truth]) -> None:
     with _as(app, "fluentbit-a") as c:
-        assert c.get("/jobs/run-1").status_code == 403
-        assert c.get("/jobs").status_code == 403  # listing every job is a reader's
+        assert c.get("/jobs/run-1").status_code == 404  # another tenant's job, or none: the same answer
+        assert c.get("/jobs").status_code == 403  # listing jobs is a reader's
 
 
 def test_feedback_through_the_cookie_reaches_the_incident_store(app: LoopbackApp, ended: tuple[str, Truth]) -> None:

@@ -144,7 +144,7 @@ def test_alerts_link_the_job_page_when_the_public_url_is_set(job) -> None:
     assert webhook_payload(Alert(job_id="j", report=view.report), None)["data"]["page_url"] is None
 
 
-def test_session_cookies_name_a_token_and_expire(backend_db: Database) -> None:
+def test_session_cookies_name_a_session_that_expires_and_ends_everywhere_at_sign_out(backend_db: Database) -> None:
     db = backend_db
     settings = Settings.model_validate({"server": {"tokens": [
         {"name": "alice", "role": "operator", "sha256": token_digest("a" * 32)},
@@ -155,23 +155,27 @@ def test_session_cookies_name_a_token_and_expire(backend_db: Database) -> None:
     value = cookies.issue(alice, now=1000.0)
     assert "a" * 32 not in value and token_digest("a" * 32) not in value
     assert cookies.principal(value, now=1001.0) == alice
-    assert SessionCookies(db, auth).principal(value, now=1001.0) == alice  # another worker: same secret
+    replica = SessionCookies(db, auth)  # another worker or replica on the same store: same secret, same sessions
+    assert replica.principal(value, now=1001.0) == alice
 
-    def refused(v: str, now: float = 1001.0) -> str:
+    def refused(v: str, now: float = 1001.0, by: SessionCookies = cookies) -> str:
         with pytest.raises(ApiError) as e:
-            cookies.principal(v, now=now)
+            by.principal(v, now=now)
         return e.value.code
 
     assert refused(value, now=1000.0 + 13 * 3600) == "unauthorized"  # expired
-    parts = value.split(".")
-    bob = parts[:]
-    bob[1] = "Ym9i"  # "bob": another name under alice's signature
-    assert refused(".".join(bob)) == "unauthorized"
-    later = parts[:]
-    later[2] = str(int(parts[2]) + 3600)
-    assert refused(".".join(later)) == "unauthorized"
-    assert refused("v1.garbage") == "unauthorized"
+    version, session, mac = value.split(".")
+    other = cookies.issue(auth.identify("Bearer " + "b" * 32), now=1000.0).split(".")[1]
+    assert refused(f"{version}.{other}.{mac}") == "unauthorized"  # another session under this one's signature
+    assert refused(f"{version}.{session[:-1]}0.{mac}") == "unauthorized"
+    assert refused("v1.YWxpY2U.99999999999.0000") == "unauthorized"  # the earlier, stateless cookies
+    assert refused("v2.garbage") == "unauthorized"
     rotated = Authenticator(Settings.model_validate({"server": {"tokens": [
         {"name": "alice", "role": "operator", "sha256": token_digest("c" * 32)}]}}).server)
     with pytest.raises(ApiError):
         SessionCookies(db, rotated).principal(value, now=1001.0)  # the token changed: its cookies go
+    second = cookies.issue(alice, now=1000.0)
+    assert cookies.revoke(value)  # signed out on one worker...
+    assert refused(value, by=replica) == "unauthorized"  # ...refused by the others from then on
+    assert replica.principal(second, now=1001.0) == alice  # alice's other session (another browser) lives on
+    assert not cookies.revoke(value) and not cookies.revoke("forged")

@@ -41,6 +41,7 @@ from logdx.act.actuators import ACTUATORS
 from logdx.act.alerts.destinations import DESTINATIONS, DestinationClass
 from logdx.model import FT
 from logdx.settings_base import Section
+from logdx.tenancy import TENANT
 
 ENV_PREFIX = "LOGDX_"
 ENV_CONFIG = "LOGDX_CONFIG"
@@ -283,16 +284,18 @@ class BusSettings(Section):
 
 
 class TokenSpec(Section):
-    """One named credential of the HTTP API: what it may do (its role) and, for a shipper, the tenant
-    whose jobs it writes. Only the token's SHA-256 is configured, never the token."""
+    """One named credential of the HTTP API: what it may do (its role) and, bound to a tenant, whose
+    jobs it writes and reads. Only the token's SHA-256 is configured, never the token."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$", description="recorded in audits as who acted")
     role: Literal["shipper", "reader", "operator"] = Field(
         description="shipper: upload logs; reader: read jobs and reports; operator: also act (feedback, uncordon, "
         "breaker reset)")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description='hex SHA-256 of the token: printf %s "$TOKEN" | sha256sum')
-    tenant: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,63})?$",
-                        description="a shipper with a tenant writes only into jobs of its tenant; empty: every job")
+    tenant: str = Field("", pattern=rf"^({TENANT})?$",
+                        description="any role: a token with a tenant writes and reads only its tenant's jobs, "
+                        "reports and incidents (its jobs are named <tenant>:<name>) and no cluster-wide view "
+                        "(nodes, actions, metrics, cluster); empty: every job")
 
 
 class ServerSettings(Section):
@@ -534,14 +537,16 @@ class HangSettings(Section):
 class McpSettings(Section):
     """`logdx mcp`: logdx as a tool for AI agents (Model Context Protocol), over stdio or streamable HTTP."""
 
-    host: str = Field("127.0.0.1", description="--http: the address to listen on (not loopback: server.token needed)")
+    host: str = Field("127.0.0.1", description="--http: the address to listen on (not loopback: server.token or server.tokens "
+                      "needed)")
     port: int = Field(8078, ge=1, le=65535, description="--http: the port; the endpoint is /mcp")
     allow_actions: bool = Field(
         False, description="offer the tools that change something (feedback, act on a report, uncordon): still "
-        "behind actions.* (dry run by default, budget, breaker) and, over HTTP, server.token")
+        "behind actions.* (dry run by default, budget, breaker) and, over HTTP, an operator's token")
     service_url: str = Field(
         "", description="the running `logdx serve` whose jobs `diagnose` and `templates` reach by job id; "
-        "default server.public_url, else http://127.0.0.1:<server.port>; its token is server.token")
+        "default server.public_url, else http://127.0.0.1:<server.port>; asked with the caller's own token over "
+        "HTTP (so it answers for that caller's role and tenant), with server.token over stdio")
     paths: list[Path] = Field(
         default_factory=list, description="folders whose logs the tools may read; empty: any path over stdio "
         "(the agent runs as you), none over HTTP")

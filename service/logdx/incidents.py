@@ -7,6 +7,12 @@ kind of culprit it had, and a resolution note. Incidents come from the shipped s
 feedback: a stored report that a human confirmed or corrected becomes an incident, so the next
 similar failure is found by retrieval.
 
+Tenants: an incident learned from a tenant's report is that tenant's (`tenant`), and so is a report
+of a tenant's job. The root line and templates of an incident are log text, kept verbatim as data
+(`LOG_TEXT_FIELDS`), never folded into its note. Diagnoses retrieve among the shared incidents only
+(`tenant` ""; `list()` without a tenant), so one tenant's log text never reaches another's reports nor
+steers their verdicts; an incident is shared by a cluster-wide operator's choice.
+
 Masking: incidents are embedded from their masked text, like the query side
 (``FailureContext.as_query()``). Lines that arrive raw (seed file, imports, feedback without a
 stored context) go through ``mask_text``: the pipeline's own normaliser and mask, so both sides
@@ -32,6 +38,7 @@ from logdx.normalize import Normalizer
 from logdx.patterns import mask
 from logdx.store import Store, migrate
 from logdx.taxonomy import default_action, is_canonical
+from logdx.tenancy import TENANT
 
 __all__ = [
     "SEED_PATH",
@@ -41,12 +48,17 @@ __all__ = [
     "IncidentError",
     "IncidentIn",
     "IncidentStore",
+    "LOG_TEXT_FIELDS",
+    "SharedIncident",
     "mask_text",
 ]
 
 SEED_PATH = Path(__file__).resolve().parent / "kb" / "seed_incidents.jsonl"
 CulpritKind = Literal["node", "gpu", "rank", "none"]
 Source = Literal["seed", "feedback", "import", "manual"]  # manual: added by hand (CLI, API)
+# An incident's fields that hold log text (the root line as it was printed, its masked templates): data
+# from whoever wrote the log, served as such (`logdx mcp` marks them untrusted), never instructions.
+LOG_TEXT_FIELDS = ("root_line", "root_template", "templates")
 _MAX_TEMPLATES = 8  # as many as FailureContext.as_query() embeds
 _MAX_LINE = 2000
 
@@ -90,7 +102,14 @@ MIGRATIONS: list[str] = [
         UPDATE incidents_meta SET value = value + 1 WHERE key = 'revision';
     END;
     """,
+    # 2: whose incidents and reports they are ("" shared: every tenant's; see `IncidentStore.list`).
+    """
+    ALTER TABLE incidents ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
+    ALTER TABLE reports ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
+    CREATE INDEX incidents_tenant ON incidents(tenant);
+    """,
 ]
+_TENANT_MIGRATION = MIGRATIONS[1]
 
 
 # The same schema on PostgreSQL (`store.url`): one revision counter for every replica.
@@ -130,11 +149,16 @@ PG_MIGRATIONS: list[str] = [
     CREATE TRIGGER incidents_rev AFTER INSERT OR UPDATE OR DELETE ON incidents
         FOR EACH STATEMENT EXECUTE FUNCTION incidents_bump_revision();
     """,
+    _TENANT_MIGRATION,
 ]
 
 
 class IncidentError(ValueError):
     """Bad input for an incident or a feedback (unknown report, non-canonical label...)."""
+
+
+class SharedIncident(IncidentError):
+    """A tenant's feedback would change an incident shared with every tenant (a cluster-wide operator's)."""
 
 
 # --- masking -----------------------------------------------------------------------------------
@@ -167,6 +191,7 @@ class Incident:
     report_id: str | None = None
     created_at: float = 0.0
     updated_at: float = 0.0
+    tenant: str = ""  # "": shared by every tenant, and retrieved in every diagnosis
 
     @property
     def label(self) -> Label:
@@ -205,6 +230,7 @@ class IncidentIn(BaseModel):
     report_id: str | None = None
     created_at: float | None = None
     updated_at: float | None = None
+    tenant: str = Field("", pattern=rf"^({TENANT})?$", description="whose it is; empty: shared by every tenant")
 
     @field_validator("category")
     @classmethod
@@ -248,7 +274,17 @@ def _row_to_incident(row: Any) -> Incident:
         report_id=row["report_id"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        tenant=row["tenant"],
     )
+
+
+def _visible_to(tenant: str | None) -> tuple[str, list[object]]:
+    """The incidents a tenant sees: the shared ones and its own; None: every tenant's."""
+    if tenant is None:
+        return "", []
+    if not tenant:
+        return "tenant = ''", []
+    return "tenant IN ('', ?)", [tenant]
 
 
 class IncidentStore:
@@ -278,17 +314,23 @@ class IncidentStore:
             self._upsert(conn, inc)
         return inc
 
-    def get(self, incident_id: str) -> Incident | None:
-        rows = self.db.query("SELECT * FROM incidents WHERE id = ?", (incident_id,))
+    def get(self, incident_id: str, *, tenant: str | None = None) -> Incident | None:
+        """The incident, when `tenant` may see it (see `list`; None: whoever's it is)."""
+        visible, params = _visible_to(tenant)
+        rows = self.db.query("SELECT * FROM incidents WHERE id = ?" + (f" AND {visible}" if visible else ""),
+                             (incident_id, *params))
         return _row_to_incident(rows[0]) if rows else None
 
-    def get_many(self, ids: Iterable[str]) -> dict[str, Incident]:
+    def get_many(self, ids: Iterable[str], *, tenant: str | None = "") -> dict[str, Incident]:
+        """The shared incidents among `ids` (retrieval's), or those `tenant` may see (see `list`)."""
         ids = list(ids)
+        visible, extra = _visible_to(tenant)
         out: dict[str, Incident] = {}
         for i in range(0, len(ids), 500):  # stay under SQLite's bound-parameter limit
             chunk = ids[i : i + 500]
             marks = ",".join("?" * len(chunk))
-            for row in self.db.query(f"SELECT * FROM incidents WHERE id IN ({marks})", chunk):
+            sql = f"SELECT * FROM incidents WHERE id IN ({marks})" + (f" AND {visible}" if visible else "")
+            for row in self.db.query(sql, [*chunk, *extra]):
                 out[row["id"]] = _row_to_incident(row)
         return out
 
@@ -299,9 +341,13 @@ class IncidentStore:
         failure_type: str | None = None,
         source: str | None = None,
         limit: int | None = None,
+        tenant: str | None = "",
     ) -> list[Incident]:
-        where: list[str] = []
-        params: list[object] = []
+        """Incidents by id. `tenant` "" (the default, what retrieval indexes): the shared ones only; a
+        tenant: the shared ones and that tenant's; None: every incident, whoever's."""
+        visible, visible_params = _visible_to(tenant)
+        where: list[str] = [visible] if visible else []
+        params: list[object] = [*visible_params]
         for col, val in (("category", category), ("failure_type", failure_type), ("source", source)):
             if val is not None:
                 where.append(f"{col} = ?")
@@ -319,15 +365,21 @@ class IncidentStore:
     def count(self) -> int:
         return int(self.db.query_value("SELECT COUNT(*) FROM incidents"))
 
+    def remove_if(self, incident_id: str, tenant: str) -> bool:
+        """Delete an incident of `tenant` (a tenant's operator deletes only its own)."""
+        with self.db.transaction() as conn:
+            return conn.execute("DELETE FROM incidents WHERE id = ? AND tenant = ?", (incident_id, tenant)).rowcount > 0
+
     def revision(self) -> int:
         """Bumped (by triggers) on every write to the incidents table: a cheap "has it changed?"."""
         return int(self.db.query_value("SELECT value FROM incidents_meta WHERE key = 'revision'"))
 
     def fingerprint(self) -> str:
-        """A checksum of everything retrieval depends on: ids, labels and the embedded text."""
+        """A checksum of everything retrieval depends on: the shared incidents' ids, labels and embedded text."""
         h = hashlib.sha256()
         for row in self.db.query(
-            "SELECT id, category, failure_type, action, root_template, templates FROM incidents ORDER BY id"
+            "SELECT id, category, failure_type, action, root_template, templates FROM incidents"
+            " WHERE tenant = '' ORDER BY id"
         ):
             h.update("\x1f".join(str(row[k]) for k in row.keys()).encode())  # noqa: SIM118 - a Row iterates its values
             h.update(b"\x1e")
@@ -336,7 +388,7 @@ class IncidentStore:
     # -- import / export ------------------------------------------------------------------------
 
     def export_jsonl(self, dest: str | Path | IO[str]) -> int:
-        incidents = self.list()
+        incidents = self.list(tenant=None)
         with _open_text(dest, "w") as f:
             for inc in incidents:
                 f.write(json.dumps(inc.to_json(), ensure_ascii=False) + "\n")
@@ -404,9 +456,11 @@ class IncidentStore:
 
     # -- reports and feedback -------------------------------------------------------------------
 
-    def save_report(self, report: dict[str, Any] | str, *, context: FailureContext | None = None) -> str:
+    def save_report(self, report: dict[str, Any] | str, *, context: FailureContext | None = None,
+                    tenant: str = "") -> str:
         """Store a report (the JSON contract of DESIGN.md) and, when given, the failure context it
-        was made from (so feedback can build an incident from the same masked text)."""
+        was made from (so feedback can build an incident from the same masked text); `tenant`: whose
+        job (or one-shot upload) it is."""
         data = json.loads(report) if isinstance(report, str) else report
         if not isinstance(data, dict):
             raise IncidentError("a report is a JSON object")
@@ -423,16 +477,21 @@ class IncidentStore:
             )
         with self.db.transaction() as conn:
             conn.execute(
-                "INSERT INTO reports(id, created_at, report, context) VALUES (?,?,?,?) ON CONFLICT(id) DO UPDATE"
-                " SET created_at = excluded.created_at, report = excluded.report, context = excluded.context,"
-                " feedback = NULL",
-                (report_id, time.time(), json.dumps(data), ctx),
+                "INSERT INTO reports(id, created_at, report, context, tenant) VALUES (?,?,?,?,?) ON CONFLICT(id)"
+                " DO UPDATE SET created_at = excluded.created_at, report = excluded.report,"
+                " context = excluded.context, feedback = NULL, tenant = excluded.tenant",
+                (report_id, time.time(), json.dumps(data), ctx, tenant),
             )
         return report_id
 
     def get_report(self, report_id: str) -> dict[str, Any] | None:
         row = self.db.query("SELECT report FROM reports WHERE id = ?", (report_id,))
         return json.loads(row[0]["report"]) if row else None
+
+    def report_tenant(self, report_id: str) -> str | None:
+        """The tenant a report was stored for ("" for none); None when there is no such report."""
+        value = self.db.query_value("SELECT tenant FROM reports WHERE id = ?", (report_id,))
+        return None if value is None else str(value)
 
     def feedback(
         self,
@@ -441,10 +500,16 @@ class IncidentStore:
         failure_type: str,
         action: Action | str | None = None,
         note: str | None = None,
+        *,
+        tenant: str | None = None,
+        by_tenant: str = "",
     ) -> Incident:
         """A human confirmed or corrected a report: remember it as an incident (one per report;
-        feeding back the same report again updates that incident)."""
-        rows = self.db.query("SELECT report, context FROM reports WHERE id = ?", (report_id,))
+        feeding back the same report again updates that incident). The incident is the report's
+        tenant's (`tenant` None), or shared (`tenant` "": an operator's choice) or another's.
+        `by_tenant`: the tenant of whoever gives it, who may not change a shared incident
+        (`SharedIncident`): every tenant's diagnoses retrieve it."""
+        rows = self.db.query("SELECT report, context, tenant FROM reports WHERE id = ?", (report_id,))
         if not rows:
             raise IncidentError(f"no report {report_id!r}")
         try:
@@ -463,7 +528,10 @@ class IncidentStore:
         was = f"{report.get('category')}/{report.get('failure_type')}"
         verdict = "confirmed" if was == f"{cat.value}/{failure_type}" else f"corrected from {was}"
         now = time.time()
-        existing = self.db.query("SELECT id, created_at FROM incidents WHERE report_id = ?", (report_id,))
+        existing = self.db.query("SELECT id, created_at, tenant FROM incidents WHERE report_id = ?", (report_id,))
+        if existing and by_tenant and not existing[0]["tenant"]:
+            raise SharedIncident(f"the incident learned from report {report_id} ({existing[0]['id']}) is shared with "
+                                 "every tenant: a cluster-wide operator changes it")
         inc = Incident(
             id=existing[0]["id"] if existing else _new_id("inc"),
             root_line=root_line,
@@ -478,6 +546,7 @@ class IncidentStore:
             report_id=report_id,
             created_at=existing[0]["created_at"] if existing else now,
             updated_at=now,
+            tenant=rows[0]["tenant"] if tenant is None else tenant,
         )
         fb = {"category": cat.value, "failure_type": failure_type, "action": act.value,
               "verdict": verdict, "incident_id": inc.id, "at": now}
@@ -536,24 +605,25 @@ class IncidentStore:
             report_id=item.report_id,
             created_at=item.created_at or now,
             updated_at=item.updated_at or now,
+            tenant=item.tenant,
         )
 
     @staticmethod
     def _upsert(conn: Any, inc: Incident) -> None:
         conn.execute(
             """INSERT INTO incidents(id, root_line, root_template, templates, category, failure_type,
-                   action, culprit_kind, note, source, report_id, created_at, updated_at)
-               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)
+                   action, culprit_kind, note, source, report_id, created_at, updated_at, tenant)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                ON CONFLICT(id) DO UPDATE SET
                    root_line=excluded.root_line, root_template=excluded.root_template,
                    templates=excluded.templates, category=excluded.category,
                    failure_type=excluded.failure_type, action=excluded.action,
                    culprit_kind=excluded.culprit_kind, note=excluded.note, source=excluded.source,
-                   report_id=excluded.report_id, updated_at=excluded.updated_at""",
+                   report_id=excluded.report_id, updated_at=excluded.updated_at, tenant=excluded.tenant""",
             (
                 inc.id, inc.root_line, inc.root_template, json.dumps(inc.templates), inc.category.value,
                 inc.failure_type, inc.action.value, inc.culprit_kind, inc.note, inc.source,
-                inc.report_id, inc.created_at, inc.updated_at,
+                inc.report_id, inc.created_at, inc.updated_at, inc.tenant,
             ),
         )
 

@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 __all__ = ["HEALTH_CHECK_PLACEHOLDERS", "RESTART_PLACEHOLDERS", "TemplateError", "fill_argv", "parse_template"]
 
 # What `actions.restart_command` and `actions.health_check_command` may say.
-RESTART_PLACEHOLDERS = ("job_id", "report_id", "category", "failure_type", "action", "hosts", "node", "confidence")
+RESTART_PLACEHOLDERS = ("job_id", "tenant", "report_id", "category", "failure_type", "action", "hosts", "node",
+                        "confidence")
 HEALTH_CHECK_PLACEHOLDERS = ("node",)
 
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh", "fish", "busybox"})

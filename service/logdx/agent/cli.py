@@ -52,12 +52,13 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     if not args.http:
         run_stdio(toolbox)
         return EXIT_OK
-    host, port, token = args.host or m.host, args.port or m.port, settings.server.token
-    if not token and not is_loopback(host):
-        raise UsageError(f"refusing to listen on {host} without server.token (LOGDX_SERVER__TOKEN): "
-                         "anyone who reaches it could read logs through it")
-    if not token and m.allow_actions:
-        raise UsageError("--allow-actions over HTTP needs server.token (LOGDX_SERVER__TOKEN): the operator's "
-                         "credential, sent by the agent as Authorization: Bearer")
-    run_http(toolbox, host, port, token)
+    host, port = args.host or m.host, args.port or m.port
+    tokens = bool(settings.server.token or settings.server.tokens)
+    if not tokens and not is_loopback(host):
+        raise UsageError(f"refusing to listen on {host} without server.token (LOGDX_SERVER__TOKEN) or "
+                         "server.tokens: anyone who reaches it could read logs through it")
+    if not tokens and m.allow_actions:
+        raise UsageError("--allow-actions over HTTP needs server.token (LOGDX_SERVER__TOKEN) or an operator's "
+                         "server.tokens: the operator's credential, sent by the agent as Authorization: Bearer")
+    run_http(toolbox, host, port)
     return EXIT_OK

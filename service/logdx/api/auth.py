@@ -16,18 +16,23 @@ any token (loopback only), callers may upload and read, and the operator endpoin
 
 Audits record who acted as the token's name, never a name the caller supplies.
 
-Tenants: a shipper token with a `tenant` writes only into jobs of that tenant. A job it creates is
-bound to its tenant; a job bound to another tenant, or created without one, is refused (403
-`tenant_mismatch`), as is reading such a job. Tokens without a tenant are cluster-wide.
+Tenants (`logdx.tenancy`): a token of any role may carry a `tenant`. It then writes and reads only its
+tenant's jobs, which are stored as `<tenant>:<name>` (so the same name used by two tenants is two jobs,
+and no tenant can claim another's), their reports and its tenant's incidents; another tenant's job or
+report is a 404 exactly like a missing one. The cluster-wide views (nodes, actions, metrics, the
+cluster) and the cluster-wide actions (uncordon, breaker reset, editing the shared incidents) need a
+token without a tenant. Tokens without a tenant are cluster-wide: they name a tenant's job by its
+qualified id.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import time
 from dataclasses import dataclass
+from typing import Any
 
+from logdx import tenancy
 from logdx.api.errors import ApiError
 from logdx.config import ServerSettings
 from logdx.store import Store, migrate
@@ -111,9 +116,13 @@ class Authenticator:
         """The configured token called `name`: its digest and principal (what a session cookie names)."""
         return next(((digest, p) for digest, p in self._known if p.name == name), None)
 
-    def check(self, principal: Principal, allowed: frozenset[str], what: str) -> None:
-        """403 unless the principal's role may do `what`."""
+    def check(self, principal: Principal, allowed: frozenset[str], what: str, *, cluster_wide: bool = False) -> None:
+        """403 unless the principal's role may do `what`; `cluster_wide`: and it has no tenant (what it
+        reads or does concerns every tenant)."""
         if principal.role in allowed:
+            if cluster_wide and principal.tenant:
+                raise ApiError(403, "forbidden", f"token {principal.name!r} is bound to tenant {principal.tenant!r}: "
+                               f"to {what}, which concerns every tenant, use a token without a tenant")
             return
         if principal.role == LOCAL and allowed is OPERATE:
             if self.local_operator:
@@ -147,30 +156,80 @@ def audit_name(principal: Principal, stated: str) -> tuple[str, str]:
 
 
 class Tenants:
-    """Which tenant each job belongs to (only jobs created by a tenant's shipper have one)."""
+    """Which tenant each job and report belongs to, and which stored job a caller's id names.
+
+    A tenant's job carries its tenant in its id (`logdx.tenancy`). Jobs that tenants' shippers created
+    before ids were namespaced keep their plain names, bound to their tenant in `job_tenants`, and
+    are still found by that tenant's tokens under their names."""
 
     def __init__(self, db: Store) -> None:
         self.db = db
         migrate(db, "tenants", MIGRATIONS, postgres=PG_MIGRATIONS)
+        # No job is bound here any more: without rows now, there never will be (no lookup per request).
+        self._legacy = bool(db.query_value("SELECT COUNT(*) FROM job_tenants"))
 
-    def of(self, job_id: str) -> str | None:
+    def of(self, job_id: str) -> str:
+        """The tenant of a job ("" for a cluster-wide one)."""
+        tenant, _ = tenancy.split(job_id)
+        if tenant or not self._legacy:
+            return tenant
+        return self._bound(job_id) or ""
+
+    def _bound(self, job_id: str) -> str | None:
         value = self.db.query_value("SELECT tenant FROM job_tenants WHERE job_id = ?", (job_id,))
         return None if value is None else str(value)
 
-    def bind(self, job_id: str, tenant: str) -> None:
-        """A job just created by `tenant`'s shipper (a row left by a deleted job of that name goes)."""
-        self.db.execute("INSERT INTO job_tenants(job_id, tenant, created_at) VALUES (?,?,?) ON CONFLICT(job_id)"
-                        " DO UPDATE SET tenant = excluded.tenant, created_at = excluded.created_at",
-                        (job_id, tenant, time.time()))
+    def job_id(self, principal: Principal, given: str, *, write: bool = False) -> str:
+        """The stored id of the job `given` names for this caller. A token without a tenant names jobs
+        as stored. A tenant's token: a plain name is its tenant's job of that name; its own qualified id
+        is that job; another tenant's is refused, for reading as a missing job is (404
+        `job_not_found`: which jobs exist elsewhere is no business of it), for writing 403."""
+        tenant = principal.tenant
+        if not tenant:
+            return given
+        named, name = tenancy.split(given)
+        if named and named != tenant:
+            if write:
+                raise ApiError(403, "tenant_mismatch",
+                               f"job {given} is not of tenant {tenant!r} (token {principal.name!r}): a tenant's "
+                               "token names its own jobs")
+            raise job_not_found(given)
+        stored = tenancy.qualified(tenant, name)
+        if not named and self._legacy and self._bound(name) == tenant and not self._exists(stored):
+            return name  # created by this tenant before ids were namespaced
+        return stored
 
-    def check(self, principal: Principal, job_id: str, *, created: bool = False) -> None:
-        """403 when a tenant's token touches a job that is not its tenant's; a job it just created is
-        bound to its tenant here. Tokens without a tenant may touch every job."""
-        if not principal.tenant:
-            return
-        if created:
-            self.bind(job_id, principal.tenant)
-            return
-        if self.of(job_id) != principal.tenant:
-            raise ApiError(403, "tenant_mismatch",
-                           f"job {job_id} does not belong to tenant {principal.tenant!r} (token {principal.name!r})")
+    def _exists(self, job_id: str) -> bool:
+        return self.db.query_value("SELECT 1 FROM api_jobs WHERE job_id = ?", (job_id,)) is not None
+
+    def may_read(self, principal: Principal, job_id: str) -> bool:
+        return not principal.tenant or self.of(job_id) == principal.tenant
+
+    def of_report(self, report_id: str) -> str | None:
+        """The tenant of a stored report (its job's, or the one-shot caller's); None when there is no
+        such report."""
+        rows = self.db.query("SELECT r.tenant, j.job_id FROM reports r LEFT JOIN api_job_reports j"
+                             " ON j.report_id = r.id WHERE r.id = ?", (report_id,))
+        if not rows:
+            return None
+        tenant, job_id = rows[0]["tenant"], rows[0]["job_id"]
+        return tenant or (self.of(job_id) if job_id else "")
+
+    def jobs_of(self, tenant: str) -> tuple[str, list[Any]]:
+        """A condition on `api_jobs` (aliased `j`) that keeps the jobs of `tenant`, and its parameters."""
+        prefix = tenancy.qualified(tenant, "")
+        sql = "substr(j.job_id, 1, ?) = ?"
+        params: list[Any] = [len(prefix), prefix]
+        if self._legacy:
+            sql = f"({sql} OR j.job_id IN (SELECT job_id FROM job_tenants WHERE tenant = ?))"
+            params.append(tenant)
+        return sql, params
+
+
+def job_not_found(job_id: str) -> ApiError:
+    """The answer for a job that does not exist, or that the caller may not know exists: the same."""
+    return ApiError(404, "job_not_found", f"no job {job_id!r}")
+
+
+def report_not_found(report_id: str) -> ApiError:
+    return ApiError(404, "report_not_found", f"no report {report_id!r}")

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends
 from logdx.api.auth import READ
 from logdx.api.deps import ServicesDep, permit
 
-cluster_router = APIRouter(prefix="/v1", dependencies=[Depends(permit(READ, "read the cluster's state"))], tags=["cluster"])
+cluster_router = APIRouter(prefix="/v1", dependencies=[Depends(permit(READ, "read the cluster's state", cluster_wide=True))], tags=["cluster"])
 
 
 @cluster_router.get("/cluster", summary="Replicas, partitions, owners and lag (one replica without a bus)")

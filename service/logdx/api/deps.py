@@ -12,11 +12,12 @@ from fastapi import Depends, Path, Request
 from logdx.api.auth import Principal
 from logdx.api.cookies import COOKIE, identify
 from logdx.api.errors import ApiError
-from logdx.api.limits import JOB_ID_PATTERN, check_job_id
+from logdx.api.limits import check_job_id
 from logdx.api.readiness import Check, Readiness
 from logdx.api.services import Services
 from logdx.config import Settings
 from logdx.pipeline import Engine
+from logdx.tenancy import JOB_ID_PATTERN
 
 
 def get_services(request: Request) -> Services:
@@ -70,18 +71,20 @@ def require_token(request: Request, services: ServicesDep) -> Principal:
 PrincipalDep = Annotated[Principal, Depends(require_token)]
 
 
-def permit(allowed: frozenset[str], what: str) -> Callable[..., Principal]:
-    """A dependency: the caller, when its role may do `what` (403 otherwise)."""
+def permit(allowed: frozenset[str], what: str, *, cluster_wide: bool = False) -> Callable[..., Principal]:
+    """A dependency: the caller, when its role may do `what` (403 otherwise); `cluster_wide`: what
+    concerns every tenant, so only for a token without a tenant."""
 
     def check(principal: PrincipalDep, services: ServicesDep) -> Principal:
-        services.auth.check(principal, allowed, what)
+        services.auth.check(principal, allowed, what, cluster_wide=cluster_wide)
         return principal
 
     return check
 
 
 def job_id_param(
-    job_id: Annotated[str, Path(description="the job's id", examples=["train-7b-run42"],
+    job_id: Annotated[str, Path(description="the job's id; a tenant's job is <tenant>:<name> (a token of that "
+                                            "tenant may say <name>)", examples=["train-7b-run42"],
                                 json_schema_extra={"pattern": JOB_ID_PATTERN})],
 ) -> str:
     return check_job_id(job_id)

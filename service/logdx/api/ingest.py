@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 from starlette.requests import ClientDisconnect
 
 from logdx.api.errors import ApiError
-from logdx.api.limits import _JOB_ID
+from logdx.api.limits import JOB_ID_RULE
 from logdx.config import Settings
 from logdx.formats import Batch, FormatError, Meta, Parser, choose, codecs
 from logdx.formats.base import Format
 from logdx.formats.fields import MAX_RANK, parse_rank
 from logdx.hosts import clean_hostname
 from logdx.normalize import Source
+from logdx.tenancy import is_job_id
 
 PIECE_BYTES = 1 << 20  # inflate this much at a time
 _RATIO_AFTER = 4 << 20  # the inflate ratio is judged past this many inflated bytes: a bomb is refused early
@@ -68,8 +69,8 @@ def job_from_header(headers: Mapping[str, str]) -> str | None:
     job = headers.get("x-logdx-job")
     if job is None:
         return None
-    if not _JOB_ID.fullmatch(job):
-        raise ApiError(400, "bad_header", "X-Logdx-Job must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    if not is_job_id(job):
+        raise ApiError(400, "bad_header", f"X-Logdx-Job {JOB_ID_RULE}")
     return job
 
 
@@ -315,7 +316,7 @@ def runs_by_job(batch: Batch, refused: dict[str, int],
                 else:
                     refused["no_job"] = refused.get("no_job", 0) + len(lines)
             continue
-        if not job or not _JOB_ID.fullmatch(job):
+        if not job or not is_job_id(job):
             reason = "no_job" if not job else "bad_job_id"
             refused[reason] = refused.get(reason, 0) + sum(len(lines) for _, lines in runs)
             continue

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from logdx import tenancy
 from logdx.act.history import AttemptHistory
 from logdx.act.policy import AttemptOutcome, restart_verdict
 from logdx.act.report import Report
@@ -277,7 +278,8 @@ class JobManager:
             if not changed and kind != "final":
                 job.diagnosis_key = key
                 return
-            self.save_report(report, job.session.last_context if job.session is not None else None)
+            self.save_report(report, job.session.last_context if job.session is not None else None,
+                             tenancy.split(job.id)[0])
             conn.execute(
                 "INSERT INTO api_job_reports(report_id, job_id, kind, created_at, diagnosis_key) VALUES (?,?,?,?,?)"
                 " ON CONFLICT(report_id) DO UPDATE SET job_id = excluded.job_id, kind = excluded.kind,"
@@ -375,9 +377,10 @@ class JobManager:
 
     # -- reports ------------------------------------------------------------------------------
 
-    def save_report(self, report: Report, context: FailureContext | None = None) -> None:
-        """Stored with the masked failure context, so that feedback on it teaches retrieval."""
-        self.incidents.save_report(report.model_dump(mode="json"), context=context)
+    def save_report(self, report: Report, context: FailureContext | None = None, tenant: str = "") -> None:
+        """Stored with the masked failure context, so that feedback on it teaches retrieval; `tenant`:
+        whose it is (a job's report is its job's tenant's)."""
+        self.incidents.save_report(report.model_dump(mode="json"), context=context, tenant=tenant)
 
     def get_report(self, report_id: str) -> Report | None:
         if not report_id:
@@ -397,8 +400,10 @@ class JobManager:
     def templates(self, job: Job, limit: int, errors_only: bool) -> dict[str, Any]:
         return jobviews.templates(self, job, limit, errors_only)
 
-    def list_jobs(self, state: str | None, limit: int, offset: int) -> list[dict[str, Any]]:
-        return jobviews.list_jobs(self, state, limit, offset)
+    def list_jobs(self, state: str | None, limit: int, offset: int,
+                  only: tuple[str, list[Any]] | None = None) -> list[dict[str, Any]]:
+        """Most recently active first; `only`: a condition on the job row `j` (a tenant's jobs)."""
+        return jobviews.list_jobs(self, state, limit, offset, only)
 
     # -- start-up recovery ----------------------------------------------------------------------
 

@@ -77,13 +77,20 @@ def templates(jobs: JobManager, job: Job, limit: int, errors_only: bool) -> dict
             "templates": items[:limit]}
 
 
-def list_jobs(jobs: JobManager, state: str | None, limit: int, offset: int) -> list[dict[str, Any]]:
+def list_jobs(jobs: JobManager, state: str | None, limit: int, offset: int,
+              only: tuple[str, list[Any]] | None = None) -> list[dict[str, Any]]:
     sql = ("SELECT j.job_id, j.state, j.created_at, j.updated_at, j.ended_at, j.exit_code, j.lines, j.bytes,"
            " j.last_report_id FROM api_jobs j")
+    where: list[str] = []
     params: list[Any] = []
     if state:
-        sql += " WHERE j.state = ?"
+        where.append("j.state = ?")
         params.append(state)
+    if only is not None:
+        where.append(only[0])
+        params += only[1]
+    if where:
+        sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY j.updated_at DESC LIMIT ? OFFSET ?"
     params += [limit, offset]
     out = []

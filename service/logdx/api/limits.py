@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import ipaddress
-import re
 import threading
 import time
 
 from logdx.api.errors import ApiError
+from logdx.tenancy import JOB_ID_PATTERN, is_job_id
 
-JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
-_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+JOB_ID_RULE = (f"must match {JOB_ID_PATTERN} (letters, digits, '.', '_', '-'; a tenant's job may be named "
+               "<tenant>:<name>)")
 
 
 def check_job_id(job_id: str) -> str:
-    """A job id is a file name too (its spool): letters, digits, `.`, `_`, `-`; no leading dot."""
-    if not _JOB_ID.fullmatch(job_id):
-        raise ApiError(400, "invalid_job_id",
-                       "job_id must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$ (letters, digits, '.', '_', '-')")
+    """A job id is a file name too (its spool): letters, digits, `.`, `_`, `-`, no leading dot; a
+    tenant's job may be called by its qualified id, `<tenant>:<name>` (`logdx.tenancy`)."""
+    if not is_job_id(job_id):
+        raise ApiError(400, "invalid_job_id", f"job_id {JOB_ID_RULE}")
     return job_id
 
 

@@ -7,6 +7,10 @@
 - `POST /v1/actions/reset`: close the circuit breaker (a person, audited).
 
 The same as `logdx nodes` and `logdx actions` on the command line, over the same database.
+
+Nodes are the cluster's, shared by every tenant's jobs (their histories name those jobs, their streams
+hold what every job on them printed): these views and actions need a token without a tenant. A
+tenant's token sees a culprit node's history on its job's page, with its own jobs only.
 """
 
 from __future__ import annotations
@@ -117,7 +121,7 @@ def _node(name: str) -> NodeName:
         raise ApiError(400, "invalid_node", "a node is one plain host name (letters, digits, '-', '.')") from None
 
 
-@nodes_router.get("/nodes", response_model=NodeList, tags=["nodes"], dependencies=[Depends(permit(READ, "read nodes"))],
+@nodes_router.get("/nodes", response_model=NodeList, tags=["nodes"], dependencies=[Depends(permit(READ, "read nodes", cluster_wide=True))],
                   summary="Nodes seen in job logs, what was blamed on them, which are cordoned")
 def list_nodes(services: ServicesDep, blamed_only: bool = False,
                limit: Annotated[int, Query(ge=1, le=10_000)] = 500) -> dict[str, Any]:
@@ -126,7 +130,7 @@ def list_nodes(services: ServicesDep, blamed_only: bool = False,
 
 
 @nodes_router.get("/nodes/{node}", response_model=NodeOut, tags=["nodes"], summary="One node and its history",
-                  dependencies=[Depends(permit(READ, "read nodes"))])
+                  dependencies=[Depends(permit(READ, "read nodes", cluster_wide=True))])
 def get_node(node: NodeParam, services: ServicesDep) -> dict[str, Any]:
     info = services.responder.actions.nodes.get(_node(node))
     if info is None:
@@ -148,7 +152,7 @@ class NodeLines(BaseModel):
 
 @nodes_router.get("/nodes/{node}/logs", response_model=NodeLines, tags=["nodes"],
                   summary="The node's own lines (kernel, journald, syslog) kept in its node stream",
-                  dependencies=[Depends(permit(READ, "read nodes"))])
+                  dependencies=[Depends(permit(READ, "read nodes", cluster_wide=True))])
 def get_node_logs(node: NodeParam, services: ServicesDep,
                   limit: Annotated[int, Query(ge=1, le=10_000)] = 200) -> dict[str, Any]:
     host = str(_node(node))
@@ -156,7 +160,7 @@ def get_node_logs(node: NodeParam, services: ServicesDep,
     return {"host": host, "lines": lines}
 
 
-Operator = Annotated[Principal, Depends(permit(OPERATE, "act on the cluster (uncordon, breaker reset)"))]
+Operator = Annotated[Principal, Depends(permit(OPERATE, "act on the cluster (uncordon, breaker reset)", cluster_wide=True))]
 
 
 def _why(reason: str, note: str) -> str:
@@ -173,7 +177,7 @@ def uncordon(node: NodeParam, body: UncordonRequest, services: ServicesDep, prin
     return services.responder.uncordon(name, who, _why(body.reason, note)).to_dict()
 
 
-@nodes_router.get("/actions", response_model=ActionsOut, tags=["actions"], dependencies=[Depends(permit(READ, "read actions"))],
+@nodes_router.get("/actions", response_model=ActionsOut, tags=["actions"], dependencies=[Depends(permit(READ, "read actions", cluster_wide=True))],
                   summary="Dry run, breaker, budget, and the latest audited actions")
 def actions_status(services: ServicesDep, limit: Annotated[int, Query(ge=0, le=10_000)] = 100) -> dict[str, Any]:
     actions = services.responder.actions

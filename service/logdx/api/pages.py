@@ -2,7 +2,8 @@
 timeline, what was done), `/login` and `/logout` (a session cookie from a token: `cookies.py`).
 
 Same auth as the API: a reader may look, a shipper its tenant's jobs, feedback needs an operator (the
-page posts to `/v1/reports/{id}/feedback`). A browser without a session is sent to the login form.
+page posts to `/v1/reports/{id}/feedback`); a token with a tenant sees only its tenant's jobs, and of a
+culprit node's history only its own jobs. A browser without a session is sent to the login form.
 Each page is drawn from the view stored with the job's latest report (`logdx.web.store`), never from
 its log; what was done (alerts, actions, the breaker, the culprit's history) is read at request time.
 """
@@ -100,13 +101,9 @@ def job_page(job_id: str, request: Request, services: ServicesDep) -> Response:
         principal = _caller(request, services, JOB_READ, "read jobs")
     except _SignIn:
         return _to_login(request)
-    check_job_id(job_id)
-    job = services.jobs.get(job_id)
-    if job is None:
-        raise ApiError(404, "job_not_found", f"no job {job_id!r}")
-    services.tenants.check(principal, job_id)
+    job_id = services.job_for(principal, check_job_id(job_id)).id
     report, body = _body_of(services, job_id)
-    return _html(render_page(job_id, report, body, _done(services, job_id, report),
+    return _html(render_page(job_id, report, body, _done(services, job_id, report, principal),
                              _viewer(request, services, principal)))
 
 
@@ -130,13 +127,16 @@ def _body_of(services: Services, job_id: str) -> tuple[Report, str]:
     return report, render_job_body(view)
 
 
-def _done(services: Services, job_id: str, report: Report) -> Done:
+def _done(services: Services, job_id: str, report: Report, principal: Principal) -> Done:
     actions = services.responder.actions
     nodes = []
     for host in report.culprits.hosts[:8]:
         info = actions.nodes.get(host, recent=0)
         if info is not None:
-            nodes.append(NodeHistory(node=info.node, state=info.state, events=info.events, jobs=info.jobs[:50],
+            # A node is shared: a tenant's viewer sees how often and in how many jobs it failed (the sign of
+            # bad hardware), and only its own jobs by name.
+            jobs = [j if services.tenants.may_read(principal, j) else "" for j in info.jobs[:50]]
+            nodes.append(NodeHistory(node=info.node, state=info.state, events=info.events, jobs=jobs,
                                      failure_types=info.failure_types))
     return Done(
         served=True,
@@ -165,7 +165,8 @@ def jobs_page(
         principal = _caller(request, services, READ, "list jobs")
     except _SignIn:
         return _to_login(request)
-    rows = [_job_row(services, item) for item in services.jobs.list_jobs(None, _LIST_LIMIT, 0)]
+    rows = [_job_row(services, item)
+            for item in services.jobs.list_jobs(None, _LIST_LIMIT, 0, services.tenant_jobs(principal))]
     options = {"status": sorted({r["status"] for r in rows}), "category": sorted({r["category"] for r in rows
                                                                                    if r["category"]}),
                "host": sorted({h for r in rows for h in r["hosts"]})}
@@ -222,6 +223,10 @@ async def login(request: Request, services: ServicesDep) -> Response:
 
 @pages_router.post("/logout")
 def logout(request: Request, services: ServicesDep) -> Response:
+    """Sign out: the session ends in the shared store (every replica refuses the cookie from now on)."""
+    cookie = request.cookies.get(COOKIE)
+    if cookie and services.cookies is not None:
+        services.cookies.revoke(cookie)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict", secure=_https(request, services))
     return response

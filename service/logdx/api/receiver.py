@@ -69,23 +69,27 @@ class Receiver:
         self.node_runs: list[tuple[Source, list[bytes]]] | None = [] if takes_nodes else None
         self.node_bytes = 0
         self.spans: dict[str, dict[str, tuple[float, float]]] = {}
+        self.stored: dict[str, str] = {}  # the job ids the request names -> the jobs they are
 
-    async def open_part(self, job_id: str) -> tuple[Job, IngestRequest]:
-        """A job's part of this request: the job must be open, under its rate limit, and not already
-        have this Idempotency-Key in flight."""
+    async def open_part(self, given: str) -> tuple[Job, IngestRequest]:
+        """A job's part of this request: the job the caller names (a tenant's token names its tenant's
+        jobs, `Tenants.job_id`) must be open, under its rate limit, and not already have this
+        Idempotency-Key in flight."""
+        services, jobs = self.services, self.services.jobs
+        job_id = self.stored.get(given)
+        if job_id is None:
+            principal = self.request.state.principal
+            job_id = self.stored[given] = await services.run(
+                lambda: services.tenants.job_id(principal, given, write=True))
         part = self.out.parts.get(job_id)
         if part is not None:
             return part
-        services, jobs = self.services, self.services.jobs
         job = await services.run(jobs.get, job_id)
-        principal = self.request.state.principal
-        if job is None:  # a new job: within the caps on job creation, bound to the caller's tenant
+        if job is None:  # a new job: within the caps on job creation
             await services.run(services.quota.admit, self.client, len(self.out.created) + 1)
             job = await services.run(jobs.get_or_create, job_id)
             self.out.created.append(job_id)
-            await services.run(lambda: services.tenants.check(principal, job_id, created=True))
         else:
-            await services.run(services.tenants.check, principal, job_id)
             job = await services.run(jobs.get_or_create, job_id)  # (ended meanwhile: 409 below)
         await services.run(jobs.check_open, job)
         wait = job.bucket.wait_s()
@@ -174,11 +178,11 @@ class Receiver:
         by_job = runs_by_job(batch, self.upload.refused, self.node_runs)
         if self.node_runs is not None and len(self.node_runs) > before:
             self._held_node_lines(before)
-        for job_id, runs in by_job.items():
-            job, req = await self.open_part(job_id)
+        for given, runs in by_job.items():
+            job, req = await self.open_part(given)
             lines = sum(len(chunk) for _, chunk in runs)
             if self.node_runs is not None:
-                _note_spans(self.spans.setdefault(job_id, {}), runs)
+                _note_spans(self.spans.setdefault(job.id, {}), runs)
             await self.services.run_locked(job, self._charged(self.services.jobs.spool_runs), job, req, runs, lines)
         for _, req in self.out.parts.values():
             req.raw_bytes += raw if len(self.out.parts) == 1 else 0

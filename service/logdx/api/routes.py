@@ -10,13 +10,11 @@ from fastapi import APIRouter, Body, Depends, Query, Response
 
 from logdx.act.report import Report
 from logdx.api import schemas
-from logdx.api.auth import INGEST, JOB_READ, OPERATE, READ, Principal
+from logdx.api.auth import INGEST, JOB_READ, OPERATE, READ, Principal, job_not_found, report_not_found
 from logdx.api.deps import EngineDep, JobId, ServicesDep, permit, ready_engine, require_token
 from logdx.api.errors import ApiError, ErrorBody
-from logdx.api.jobs import Job
 from logdx.api.metrics import CONTENT_TYPE
-from logdx.api.services import Services
-from logdx.incidents import IncidentError, IncidentIn
+from logdx.incidents import IncidentError, IncidentIn, SharedIncident
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 415, 422, 429, 503)
@@ -25,7 +23,9 @@ _MAX_OFFSET = 1 << 40  # far past any real list; SQLite's integers stop at 2**63
 
 health = APIRouter(tags=["health"])
 api = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], responses=_ERRORS)
-metrics_router = APIRouter(dependencies=[Depends(permit(READ, "read the metrics"))], tags=["health"])
+# Counters of every tenant's traffic: the cluster's, read with a token without a tenant.
+metrics_router = APIRouter(dependencies=[Depends(permit(READ, "read the metrics", cluster_wide=True))],
+                           tags=["health"])
 
 
 # --- health and metrics --------------------------------------------------------------------------
@@ -66,10 +66,10 @@ async def end_job(
     principal: Annotated[Principal, Depends(permit(INGEST, "end a job"))],
     body: Annotated[schemas.EndRequest | None, Body()] = None,
 ) -> Report:
-    job = await services.run(services.jobs.get, job_id)
+    stored = await services.run(lambda: services.tenants.job_id(principal, job_id, write=True))
+    job = await services.run(services.jobs.get, stored)
     if job is None:
-        raise ApiError(404, "job_not_found", f"no job {job_id!r}")
-    await services.run(services.tenants.check, principal, job_id)
+        raise job_not_found(job_id)
     exit_code = body.exit_code if body is not None else None
     return await services.run_locked(job, services.jobs.end, job, exit_code)
 
@@ -80,20 +80,15 @@ async def end_job(
 @api.get("/jobs", response_model=schemas.JobList, tags=["jobs"], summary="Jobs, most recently active first")
 def list_jobs(
     services: ServicesDep,
-    _who: Annotated[Principal, Depends(permit(READ, "list jobs"))],
+    principal: Annotated[Principal, Depends(permit(READ, "list jobs"))],
     state: Annotated[Literal["open", "ended"] | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=_MAX_OFFSET)] = 0,
 ) -> dict[str, Any]:
-    return {"jobs": services.jobs.list_jobs(state, limit, offset)}
+    return {"jobs": services.jobs.list_jobs(state, limit, offset, services.tenant_jobs(principal))}
 
 
-def _job_or_404(services: Services, job_id: str, principal: Principal) -> Job:
-    job = services.jobs.get(job_id)
-    if job is None:
-        raise ApiError(404, "job_not_found", f"no job {job_id!r}")
-    services.tenants.check(principal, job_id)
-    return job
+
 
 
 JobReader = Annotated[Principal, Depends(permit(JOB_READ, "read jobs"))]
@@ -102,14 +97,14 @@ JobReader = Annotated[Principal, Depends(permit(JOB_READ, "read jobs"))]
 @api.get("/jobs/{job_id}", response_model=schemas.JobDetail, tags=["jobs"],
          summary="A job: state, compression figures, last diagnosis, alerts and actions")
 def get_job(job_id: JobId, services: ServicesDep, principal: JobReader) -> dict[str, Any]:
-    job = _job_or_404(services, job_id, principal)
+    job = services.job_for(principal, job_id)
     detail = services.jobs.describe(job)
     detail["alerts"] = [
         {"kind": a["kind"], "destination": a["destination"], "status": a["status"], "attempts": a["attempts"],
          "last_error": a["last_error"]}
-        for a in services.responder.outbox.history(job_id)
+        for a in services.responder.outbox.history(job.id)
     ]
-    detail["actions"] = [r.to_dict() for r in services.responder.actions.audit(job_id)]
+    detail["actions"] = [r.to_dict() for r in services.responder.actions.audit(job.id)]
     return detail
 
 
@@ -122,7 +117,7 @@ def get_templates(
     limit: Annotated[int, Query(ge=1, le=5000)] = 200,
     errors_only: Annotated[bool, Query(description="only error-bearing templates")] = False,
 ) -> dict[str, Any]:
-    job = _job_or_404(services, job_id, principal)
+    job = services.job_for(principal, job_id)
     return services.jobs.templates(job, limit, errors_only)
 
 
@@ -135,24 +130,31 @@ def _report_id(report_id: str) -> str:
     return report_id
 
 
-@api.get("/reports/{report_id}", response_model=Report, tags=["reports"], summary="A stored report",
-         dependencies=[Depends(permit(READ, "read reports"))])
-def get_report(report_id: str, services: ServicesDep) -> Report:
-    report = services.jobs.get_report(_report_id(report_id))
+@api.get("/reports/{report_id}", response_model=Report, tags=["reports"], summary="A stored report")
+def get_report(report_id: str, services: ServicesDep,
+               principal: Annotated[Principal, Depends(permit(READ, "read reports"))]) -> Report:
+    services.report_tenant_for(principal, _report_id(report_id))
+    report = services.jobs.get_report(report_id)
     if report is None:
-        raise ApiError(404, "report_not_found", f"no report {report_id!r}")
+        raise report_not_found(report_id)
     return report
 
 
 @api.post("/reports/{report_id}/feedback", response_model=schemas.IncidentOut, tags=["reports"],
           summary="Confirm or correct a report; it becomes an incident retrieval learns from (operator)",
-          dependencies=[Depends(permit(OPERATE, "give feedback on reports"))])
-def feedback(report_id: str, body: schemas.FeedbackRequest, services: ServicesDep) -> dict[str, Any]:
-    _report_id(report_id)
-    if services.incidents.get_report(report_id) is None:
-        raise ApiError(404, "report_not_found", f"no report {report_id!r}")
+          description="The incident is the report's tenant's: listed and searched by that tenant's tokens and "
+                      "cluster-wide ones, and not retrieved in diagnoses. `share: true` (a cluster-wide "
+                      "operator's choice) makes it shared: every tenant sees it and every diagnosis retrieves it.")
+def feedback(report_id: str, body: schemas.FeedbackRequest, services: ServicesDep,
+             principal: Annotated[Principal, Depends(permit(OPERATE, "give feedback on reports"))]) -> dict[str, Any]:
+    services.report_tenant_for(principal, _report_id(report_id))
+    if body.share:
+        services.auth.check(principal, OPERATE, "share an incident with every tenant", cluster_wide=True)
     try:
-        incident = services.incidents.feedback(report_id, body.category, body.failure_type, body.action, body.note)
+        incident = services.incidents.feedback(report_id, body.category, body.failure_type, body.action, body.note,
+                                               tenant="" if body.share else None, by_tenant=principal.tenant)
+    except SharedIncident as e:
+        raise ApiError(403, "forbidden", str(e)) from None
     except IncidentError as e:
         raise ApiError(400, "invalid_feedback", str(e)) from None
     return incident.to_json()
@@ -161,22 +163,32 @@ def feedback(report_id: str, body: schemas.FeedbackRequest, services: ServicesDe
 # --- incidents -------------------------------------------------------------------------------------
 
 
+IncidentReader = Annotated[Principal, Depends(permit(READ, "read incidents"))]
+
+
+def _visible(principal: Principal) -> str | None:
+    """Which incidents a caller sees: the shared ones and its tenant's; every one without a tenant."""
+    return principal.tenant or None
+
+
 @api.get("/incidents", response_model=schemas.IncidentList, tags=["incidents"], summary="Past incidents",
-         dependencies=[Depends(permit(READ, "read incidents"))])
+         description="The shared incidents and the caller's tenant's (a token without a tenant: every one).")
 def list_incidents(
     services: ServicesDep,
+    principal: IncidentReader,
     category: Annotated[schemas.KnownCategory | None, Query()] = None,
     failure_type: Annotated[str | None, Query(max_length=64)] = None,
     source: Annotated[Literal["seed", "feedback", "import"] | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> dict[str, Any]:
-    items = services.incidents.list(category=category, failure_type=failure_type, source=source, limit=limit)
+    items = services.incidents.list(category=category, failure_type=failure_type, source=source, limit=limit,
+                                    tenant=_visible(principal))
     return {"incidents": [i.to_json() for i in items], "count": len(items)}
 
 
 @api.post("/incidents", response_model=schemas.IncidentOut, status_code=201, tags=["incidents"],
-          summary="Add (or replace, by id) an incident (operator)",
-          dependencies=[Depends(permit(OPERATE, "edit incidents"))])
+          summary="Add (or replace, by id) an incident (a cluster-wide operator)",
+          dependencies=[Depends(permit(OPERATE, "edit incidents", cluster_wide=True))])
 def add_incident(body: IncidentIn, services: ServicesDep) -> dict[str, Any]:
     try:
         return services.incidents.add(body, source=body.source or "import").to_json()
@@ -188,19 +200,32 @@ def add_incident(body: IncidentIn, services: ServicesDep) -> dict[str, Any]:
                        "no report_id, or replace that incident by its id") from None
 
 
-@api.get("/incidents/{incident_id}", response_model=schemas.IncidentOut, tags=["incidents"], summary="An incident",
-         dependencies=[Depends(permit(READ, "read incidents"))])
-def get_incident(incident_id: str, services: ServicesDep) -> dict[str, Any]:
-    incident = services.incidents.get(incident_id)
+def _incident_not_found(incident_id: str) -> ApiError:
+    return ApiError(404, "incident_not_found", f"no incident {incident_id!r}")
+
+
+@api.get("/incidents/{incident_id}", response_model=schemas.IncidentOut, tags=["incidents"], summary="An incident")
+def get_incident(incident_id: str, services: ServicesDep, principal: IncidentReader) -> dict[str, Any]:
+    incident = services.incidents.get(incident_id, tenant=_visible(principal))
     if incident is None:
-        raise ApiError(404, "incident_not_found", f"no incident {incident_id!r}")
+        raise _incident_not_found(incident_id)
     return incident.to_json()
 
 
 @api.delete("/incidents/{incident_id}", status_code=204, response_class=Response, tags=["incidents"],
-            summary="Delete an incident (operator)", dependencies=[Depends(permit(OPERATE, "edit incidents"))])
-def delete_incident(incident_id: str, services: ServicesDep) -> Response:
-    if not services.incidents.remove(incident_id):
-        raise ApiError(404, "incident_not_found", f"no incident {incident_id!r}")
+            summary="Delete an incident (operator; a tenant's operator: only its tenant's)")
+def delete_incident(incident_id: str, services: ServicesDep,
+                    principal: Annotated[Principal, Depends(permit(OPERATE, "edit incidents"))]) -> Response:
+    if principal.tenant:
+        found = services.incidents.get(incident_id, tenant=principal.tenant)
+        if found is None:
+            raise _incident_not_found(incident_id)
+        if not found.tenant:
+            services.auth.check(principal, OPERATE, "delete a shared incident", cluster_wide=True)
+        removed = services.incidents.remove_if(incident_id, principal.tenant)
+    else:
+        removed = services.incidents.remove(incident_id)
+    if not removed:
+        raise _incident_not_found(incident_id)
     return Response(status_code=204)
 

@@ -25,7 +25,7 @@ import anyio.to_thread
 
 from logdx import progress
 from logdx.act.respond import Responder, Response
-from logdx.api.auth import Authenticator, Tenants
+from logdx.api.auth import Authenticator, Principal, Tenants, job_not_found, report_not_found
 from logdx.api.background import Actor, Effect
 from logdx.api.cookies import SessionCookies
 from logdx.api.guard import REFUSAL_REASONS
@@ -107,6 +107,27 @@ class Services:
             services.readiness.add(name, probe)
         metrics.add_state(services._gauges)
         return services
+
+    # -- tenants apart: what a caller may name -----------------------------------------------
+
+    def job_for(self, principal: Principal, job_id: str) -> Job:
+        """The job the caller names; 404 when it does not exist or is another tenant's (one answer for
+        both: a tenant's token never learns which of another tenant's ids exist)."""
+        job = self.jobs.get(self.tenants.job_id(principal, job_id))
+        if job is None:
+            raise job_not_found(job_id)
+        return job
+
+    def tenant_jobs(self, principal: Principal) -> tuple[str, list[Any]] | None:
+        """The condition on a job row `j` that keeps a tenant's token to its tenant's jobs (None: every job)."""
+        return self.tenants.jobs_of(principal.tenant) if principal.tenant else None
+
+    def report_tenant_for(self, principal: Principal, report_id: str) -> str:
+        """The tenant of the report the caller names; 404 when it does not exist or is another tenant's."""
+        tenant = self.tenants.of_report(report_id)
+        if tenant is None or (principal.tenant and tenant != principal.tenant):
+            raise report_not_found(report_id)
+        return tenant
 
     def part(self, name: str) -> Component | None:
         """The readiness check of an engine part that reports itself (rules, retrieval, llm)."""

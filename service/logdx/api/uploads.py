@@ -19,7 +19,7 @@ from typing import Annotated, Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic import AfterValidator, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, WithJsonSchema
 from starlette.requests import ClientDisconnect
 
 from logdx import formats
@@ -122,6 +122,30 @@ async def _settle(request: Request, services: Services, upload: Upload, out: Rec
                        accepted_lines=0)
 
 
+# A record refused for having no text at all (a shipper's heartbeat) loses nothing: counted, not partial.
+_NOTHING_LOST = frozenset({"empty"})
+PARTIAL = 207  # Multi-Status: some records were used, some refused (`refused` says which, by reason)
+
+
+def _partial(upload: Upload) -> bool:
+    """Whether the answer is a partial one: a record that carried a line was refused (no job, no
+    message, malformed...). The accepted lines are in; the body counts both."""
+    return any(n and reason not in _NOTHING_LOST for reason, n in upload.refused.items())
+
+
+def _counted(response: Response, upload: Upload, answer: dict[str, Any]) -> dict[str, Any]:
+    """The JSON answer of an upload, with what was refused; 207 when records with lines were refused."""
+    answer.update(skipped_records=sum(upload.refused.values()), refused=upload.refused, partial=_partial(upload))
+    if answer["partial"]:
+        response.status_code = PARTIAL
+    return answer
+
+
+def _partial_response(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    return {PARTIAL: {"model": model, "description": "Multi-Status: some records were refused (`refused`, by "
+                      "reason), the others applied (`accepted_lines`)"}}
+
+
 def _refusal_text(refused: dict[str, int]) -> str:
     why = {"no_job": "name no job (URL, X-Logdx-Job, or a job field/label/attribute)",
            "bad_job_id": "name an invalid job id", "no_message": "have no message field",
@@ -164,9 +188,11 @@ _BODIES = {"requestBody": {"content": {
 
 
 @uploads.post("/v1/jobs/{job_id}/logs", response_model=schemas.IngestResponse, tags=["jobs"],
-              summary="Stream a job's log lines", description=_UPLOAD_DESCRIPTION, openapi_extra=_BODIES)
+              summary="Stream a job's log lines", description=_UPLOAD_DESCRIPTION, openapi_extra=_BODIES,
+              responses=_partial_response(schemas.IngestResponse))
 async def post_logs(
     request: Request,
+    response: Response,
     job_id: JobId,
     services: ServicesDep,
     fmt: Annotated[FormatName | None, Query(alias="format", description="override Content-Type")] = None,
@@ -175,6 +201,7 @@ async def post_logs(
     key = _idempotency_key(request)
     receiver = Receiver(request, services, upload, key)
     job, _ = await receiver.open_part(job_id)
+    job_id = job.id  # a tenant's job: its qualified id
     if key is not None:
         job.inflight_keys.discard(key)  # the duplicate check below must not see this request itself
         try:
@@ -190,32 +217,32 @@ async def post_logs(
     out = await receiver.receive()
     await _settle(request, services, upload, out)
     result = out.results.get(job_id) or {}
-    return {"job_id": job_id, **result, "skipped_records": sum(upload.refused.values()),
-            "refused": upload.refused}
+    return _counted(response, upload, {"job_id": job_id, **result})
 
 
 # --- routed: many jobs through one URL -------------------------------------------------------------
 
 
-def _routed_answer(upload: Upload, out: Received) -> dict[str, Any]:
-    return {
+def _routed_answer(response: Response, upload: Upload, out: Received) -> dict[str, Any]:
+    return _counted(response, upload, {
         "accepted_lines": out.applied,
-        "skipped_records": sum(upload.refused.values()),
-        "refused": upload.refused,
         "jobs": {job_id: result.get("accepted_lines", 0) for job_id, result in out.results.items()},
         "node_lines": out.node_lines,
-    }
+    })
 
 
 @uploads.post("/v1/logs", tags=["shippers"], summary="OpenTelemetry logs (OTLP/HTTP), or any format routed by job",
               response_model=schemas.RoutedIngestResponse | schemas.OtlpExportResponse, openapi_extra=_BODIES,
+              responses=_partial_response(schemas.RoutedIngestResponse),
               description="OTLP/HTTP logs, protobuf or JSON: each record's job comes from `X-Logdx-Job`, else "
                           "its resource or record attributes (`job.id`, `slurm.job.id`, `k8s.job.name`, ..., "
                           "see `input.job_keys`). Answers an `ExportLogsServiceResponse` in the request's "
-                          "content type, with `partial_success` when records were refused. Other formats "
-                          "(text with `X-Logdx-Job`, JSON records, msgpack) are accepted too and answered in JSON.")
+                          "content type, with `partial_success` when records were refused (200, as OTLP/HTTP "
+                          "says). Other formats (text with `X-Logdx-Job`, JSON records, msgpack) are accepted "
+                          "too and answered in JSON: 207 when some records were refused.")
 async def post_otlp_logs(
     request: Request,
+    response: Response,
     services: ServicesDep,
     fmt: Annotated[FormatName | None, Query(alias="format", description="override Content-Type")] = None,
 ) -> Any:
@@ -228,29 +255,32 @@ async def post_otlp_logs(
         message = _refusal_text(upload.refused) if refused else ""
         body, media = otlp_response(name == OTLP_PROTOBUF.name, refused, message)
         return Response(body, media_type=media)
-    return _routed_answer(upload, out)
+    return _routed_answer(response, upload, out)
 
 
 @uploads.post("/loki/api/v1/push", tags=["shippers"], summary="Loki push (Promtail, Grafana Alloy, ...)",
               status_code=204, response_class=Response, openapi_extra=_BODIES,
               responses={200: {"model": schemas.RoutedIngestResponse,
-                               "description": "some entries were refused: the counts"}},
+                               "description": "entries without text were skipped: the counts"},
+                         **_partial_response(schemas.RoutedIngestResponse)},
               description="Loki's push API, JSON or snappy protobuf. The job comes from `X-Logdx-Job`, else "
                           "a `job_id` label (any of `input.job_keys`); the host from `host`, `hostname` or "
-                          "`node`. Answers 204 as Loki does; 200 with counts when some entries were refused.")
+                          "`node`. Answers 204 as Loki does; 207 with the counts when some entries were "
+                          "refused (200 when only empty ones were skipped).")
 async def post_loki_push(request: Request, services: ServicesDep) -> Response:
     upload = _open_upload(request, services, None, None, protobuf=LOKI_PROTOBUF)
     out = await Receiver(request, services, upload, _idempotency_key(request)).receive()
     await _settle(request, services, upload, out)
     if upload.refused:
-        return Response(schemas.RoutedIngestResponse(**_routed_answer(upload, out)).model_dump_json(),
-                        media_type="application/json")
+        response = Response(media_type="application/json")
+        answer = schemas.RoutedIngestResponse(**_routed_answer(response, upload, out))
+        return Response(answer.model_dump_json(), status_code=response.status_code, media_type="application/json")
     return Response(status_code=204)
 
 
 @uploads.post("/v1/nodes/{host}/logs", response_model=schemas.NodeIngestResponse, tags=["shippers"],
               summary="A node's own log lines (kernel, journald, syslog, driver, health events)",
-              openapi_extra=_BODIES,
+              openapi_extra=_BODIES, responses=_partial_response(schemas.NodeIngestResponse),
               description="Lines of one host that belong to no job (every format `/v1/jobs/{id}/logs` takes; "
                           "job fields in the records are ignored). They are kept in the host's node stream, "
                           "bounded (`nodes.*`), and join the timeline of every job that ran on the host, from "
@@ -259,6 +289,7 @@ async def post_loki_push(request: Request, services: ServicesDep) -> Response:
                           "to `/v1/logs` or the Loki push without a job, naming a host, go to the same place.")
 async def post_node_logs(
     request: Request,
+    response: Response,
     host: str,
     services: ServicesDep,
     fmt: Annotated[FormatName | None, Query(alias="format", description="override Content-Type")] = None,
@@ -274,8 +305,7 @@ async def post_node_logs(
     upload = _open_upload(request, services, None, fmt, node_host=name)
     out = await Receiver(request, services, upload, None, node_host=name).receive()
     await _settle(request, services, upload, out)
-    return {"host": name, "node_lines": out.node_lines, "skipped_records": sum(upload.refused.values()),
-            "refused": upload.refused}
+    return _counted(response, upload, {"host": name, "node_lines": out.node_lines, "accepted_lines": out.node_lines})
 
 
 # --- one-shot ------------------------------------------------------------------------------------
@@ -321,7 +351,7 @@ async def diagnose(
         return Response(status_code=400)  # nobody is listening
     services.metrics.lines.labels(upload.fmt).inc(session.lines)
     report = await services.run(lambda: session.report(exit_code=exit_code, final=True))
-    await services.run(services.jobs.save_report, report, session.last_context)
+    await services.run(services.jobs.save_report, report, session.last_context, tenant_of(request))
     services.metrics.reports.labels("oneshot", report.status, report.category or "none").inc()
     services.metrics.stage.labels("diagnose").observe(report.timings_ms.get("diagnose", 0.0) / 1000)
     return report

@@ -61,8 +61,9 @@ def _store(args: argparse.Namespace) -> IncidentStore:
 
 
 def _list(args: argparse.Namespace) -> int:
-    for inc in _store(args).list(category=args.category, failure_type=args.failure_type, limit=args.limit):
-        print(f"{inc.id}  {inc.category.value}/{inc.failure_type}  [{inc.source}]  {inc.root_line[:100]}")
+    for inc in _store(args).list(category=args.category, failure_type=args.failure_type, limit=args.limit, tenant=None):
+        whose = f" tenant {inc.tenant}" if inc.tenant else ""
+        print(f"{inc.id}  {inc.category.value}/{inc.failure_type}  [{inc.source}{whose}]  {inc.root_line[:100]}")
     return EXIT_OK
 
 

@@ -28,9 +28,9 @@ from typing import Any
 from logdx.formats.base import Batch, Meta
 from logdx.hosts import clean_hostname
 from logdx.normalize import Source
+from logdx.tenancy import MAX_JOB_ID
 
 MAX_RANK = 1 << 24
-MAX_JOB_ID = 128
 MESSAGE_KEYS = ("message", "log", "msg", "MESSAGE", "short_message", "line")
 HOST_KEYS = ("host", "hostname", "_HOSTNAME", "_hostname", "host.name", "k8s.node.name", "kubernetes.host",
              "kubernetes.pod_node_name", "nodeName")  # nodeName: NVSentinel's health events

@@ -2,7 +2,7 @@
 
 The command is an argv template run without a shell. A string is split into words the way a shell
 would (quotes group words) once, when the template is read; then each placeholder `{job_id}`,
-`{report_id}`, `{category}`, `{failure_type}`, `{action}`, `{hosts}`, `{node}`, `{confidence}` is
+`{tenant}`, `{report_id}`, `{category}`, `{failure_type}`, `{action}`, `{hosts}`, `{node}`, `{confidence}` is
 filled inside its word. Whatever a value holds (spaces, quotes, `$(...)`) it stays inside that one
 argument: nothing is ever parsed again. A list is taken word for word. To use shell features, call
 a script with the values as its arguments (`/usr/local/bin/requeue.sh {job_id} {hosts}`); a
@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from logdx import __version__
+from logdx import __version__, tenancy
 from logdx.act.actuators.base import ActionFailed, RestartHook, node_names
 from logdx.act.argv import RESTART_PLACEHOLDERS, TemplateError, fill_argv, parse_template
 from logdx.act.report import Report
@@ -39,10 +39,13 @@ def fill_command(template: str | Sequence[str], values: Mapping[str, str]) -> li
 
 
 def hook_values(job_id: str, report: Report) -> dict[str, str]:
-    """What the placeholders stand for; `{hosts}` and `{node}` only ever hold valid node names."""
+    """What the placeholders stand for; `{hosts}` and `{node}` only ever hold valid node names. A
+    tenant's job is given as its shipper named it, `{job_id}`, and its tenant, `{tenant}` (the
+    scheduler knows it by that name; `logdx.tenancy`)."""
     hosts = node_names(report.culprits.hosts)[0]
+    tenant, name = tenancy.split(job_id) if tenancy.is_job_id(job_id) else ("", job_id)
     return {
-        "job_id": job_id, "report_id": report.id, "category": report.category or "",
+        "job_id": name, "tenant": tenant, "report_id": report.id, "category": report.category or "",
         "failure_type": report.failure_type or "", "action": report.action, "hosts": ",".join(hosts),
         "node": hosts[0] if hosts else "", "confidence": f"{report.confidence:.2f}",
     }
