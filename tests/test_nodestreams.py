@@ -368,7 +368,7 @@ def test_node_endpoint_and_what_is_refused(server: Server) -> None:
         assert r.status_code == 422 and r.json()["error"]["refused"] == {"no_job": 1}, r.text
         r = c.post("/v1/logs", content=b'{"message": "a", "host": "gpu-node-78"}\n{"message": "b"}\n',
                    headers=NDJSON)
-        assert r.status_code == 207 and r.json()["node_lines"] == 1 and r.json()["refused"] == {"no_job": 1}
+        assert r.status_code == 200 and r.json()["partial"] and r.json()["node_lines"] == 1 and r.json()["refused"] == {"no_job": 1}
         assert r.json()["partial"] is True  # the issue 29 batch: a record with neither job nor host was refused
 
 

@@ -38,7 +38,7 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-_PARTIAL = ("records that carried a line were refused (see `refused`; answered 207 Multi-Status); records "
+_PARTIAL = ("records that carried a line were refused (see `refused`; the `X-Logdx-Refused` header counts them); records "
             "without text (`refused.empty`) are only counted")
 
 

@@ -124,7 +124,6 @@ async def _settle(request: Request, services: Services, upload: Upload, out: Rec
 
 # A record refused for having no text at all (a shipper's heartbeat) loses nothing: counted, not partial.
 _NOTHING_LOST = frozenset({"empty"})
-PARTIAL = 207  # Multi-Status: some records were used, some refused (`refused` says which, by reason)
 
 
 def _partial(upload: Upload) -> bool:
@@ -134,16 +133,14 @@ def _partial(upload: Upload) -> bool:
 
 
 def _counted(response: Response, upload: Upload, answer: dict[str, Any]) -> dict[str, Any]:
-    """The JSON answer of an upload, with what was refused; 207 when records with lines were refused."""
+    """The JSON answer of an upload, with what was refused. A partial batch is a 200 whose body says so
+    (`partial`, `refused` by reason) and whose `X-Logdx-Refused` header counts the refused records: log shippers
+    retry any other status (Fluent Bit takes 200..205, Fluentd 200 alone, as delivered), and a retried batch would
+    apply its accepted lines twice."""
     answer.update(skipped_records=sum(upload.refused.values()), refused=upload.refused, partial=_partial(upload))
     if answer["partial"]:
-        response.status_code = PARTIAL
+        response.headers["X-Logdx-Refused"] = str(sum(n for r, n in upload.refused.items() if r not in _NOTHING_LOST))
     return answer
-
-
-def _partial_response(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
-    return {PARTIAL: {"model": model, "description": "Multi-Status: some records were refused (`refused`, by "
-                      "reason), the others applied (`accepted_lines`)"}}
 
 
 def _refusal_text(refused: dict[str, int]) -> str:
@@ -188,8 +185,7 @@ _BODIES = {"requestBody": {"content": {
 
 
 @uploads.post("/v1/jobs/{job_id}/logs", response_model=schemas.IngestResponse, tags=["jobs"],
-              summary="Stream a job's log lines", description=_UPLOAD_DESCRIPTION, openapi_extra=_BODIES,
-              responses=_partial_response(schemas.IngestResponse))
+              summary="Stream a job's log lines", description=_UPLOAD_DESCRIPTION, openapi_extra=_BODIES)
 async def post_logs(
     request: Request,
     response: Response,
@@ -233,13 +229,12 @@ def _routed_answer(response: Response, upload: Upload, out: Received) -> dict[st
 
 @uploads.post("/v1/logs", tags=["shippers"], summary="OpenTelemetry logs (OTLP/HTTP), or any format routed by job",
               response_model=schemas.RoutedIngestResponse | schemas.OtlpExportResponse, openapi_extra=_BODIES,
-              responses=_partial_response(schemas.RoutedIngestResponse),
               description="OTLP/HTTP logs, protobuf or JSON: each record's job comes from `X-Logdx-Job`, else "
                           "its resource or record attributes (`job.id`, `slurm.job.id`, `k8s.job.name`, ..., "
                           "see `input.job_keys`). Answers an `ExportLogsServiceResponse` in the request's "
                           "content type, with `partial_success` when records were refused (200, as OTLP/HTTP "
                           "says). Other formats (text with `X-Logdx-Job`, JSON records, msgpack) are accepted "
-                          "too and answered in JSON: 207 when some records were refused.")
+                          "too and answered in JSON: `partial` with the counts when some records were refused.")
 async def post_otlp_logs(
     request: Request,
     response: Response,
@@ -261,11 +256,10 @@ async def post_otlp_logs(
 @uploads.post("/loki/api/v1/push", tags=["shippers"], summary="Loki push (Promtail, Grafana Alloy, ...)",
               status_code=204, response_class=Response, openapi_extra=_BODIES,
               responses={200: {"model": schemas.RoutedIngestResponse,
-                               "description": "entries without text were skipped: the counts"},
-                         **_partial_response(schemas.RoutedIngestResponse)},
+                               "description": "entries without text were skipped, or some refused (`partial`): the counts"}},
               description="Loki's push API, JSON or snappy protobuf. The job comes from `X-Logdx-Job`, else "
                           "a `job_id` label (any of `input.job_keys`); the host from `host`, `hostname` or "
-                          "`node`. Answers 204 as Loki does; 207 with the counts when some entries were "
+                          "`node`. Answers 204 as Loki does; 200 with the counts (`partial`) when some entries were "
                           "refused (200 when only empty ones were skipped).")
 async def post_loki_push(request: Request, services: ServicesDep) -> Response:
     upload = _open_upload(request, services, None, None, protobuf=LOKI_PROTOBUF)
@@ -280,7 +274,7 @@ async def post_loki_push(request: Request, services: ServicesDep) -> Response:
 
 @uploads.post("/v1/nodes/{host}/logs", response_model=schemas.NodeIngestResponse, tags=["shippers"],
               summary="A node's own log lines (kernel, journald, syslog, driver, health events)",
-              openapi_extra=_BODIES, responses=_partial_response(schemas.NodeIngestResponse),
+              openapi_extra=_BODIES,
               description="Lines of one host that belong to no job (every format `/v1/jobs/{id}/logs` takes; "
                           "job fields in the records are ignored). They are kept in the host's node stream, "
                           "bounded (`nodes.*`), and join the timeline of every job that ran on the host, from "
