@@ -19,7 +19,7 @@ from typing import Annotated, Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic import AfterValidator, BaseModel, WithJsonSchema
+from pydantic import AfterValidator, WithJsonSchema
 from starlette.requests import ClientDisconnect
 
 from logdx import formats
