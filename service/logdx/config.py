@@ -296,6 +296,28 @@ class TokenSpec(Section):
                         description="any role: a token with a tenant writes and reads only its tenant's jobs, "
                         "reports and incidents (its jobs are named <tenant>:<name>) and no cluster-wide view "
                         "(nodes, actions, metrics, cluster); empty: every job")
+    hosts: list[str] = Field(
+        default_factory=list, description="the hosts this token may speak for: hostlists (gpu-node-[001-128]) or '*' "
+        "(every host: a collector the operator runs, never a tenant's). A host it names outside them (a header, a "
+        "record field, a line's prefix) is an unverified claim: reported, never cordoned; node lines for such a host "
+        "are refused. Empty: none (a tenant's shipper)")
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        from logdx.hosts import HostScope, HostScopeError
+
+        try:
+            HostScope.parse(v)
+        except HostScopeError as e:
+            raise ValueError(str(e)) from None
+        return v
+
+    @model_validator(mode="after")
+    def _tenant_speaks_for_no_cluster(self) -> TokenSpec:
+        if self.tenant and "*" in (h.strip() for h in self.hosts):
+            raise ValueError(f"token {self.name!r}: a tenant's token may not speak for every host (hosts: '*')")
+        return self
 
 
 class ServerSettings(Section):
@@ -455,6 +477,10 @@ class ActionsSettings(Section):
         "", description="argv template ({node}) run on nodes cordoned for uncordon_after_s: exit 0 uncordons")
     uncordon_after_s: float = Field(3600.0, ge=0, description="a node cordoned this long gets health_check_command")
     health_check_interval_s: float = Field(300.0, gt=0, description="how often `logdx serve` runs the health checks")
+    ask_scheduler: bool = Field(
+        False, description="before refusing to cordon a culprit host only a claim named (`culprits.verified` false), "
+        "ask the actuator's scheduler where the job ran (Slurm: scontrol show job; Kubernetes: the job's pods' nodes): "
+        "a host it names is the job's, and may be cordoned")
 
     @field_validator("actuator")
     @classmethod

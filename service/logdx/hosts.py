@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["MAX_HOSTNAME", "clean_hostname", "is_valid_hostname", "job_host_in_name", "without_log_kind"]
+__all__ = ["MAX_HOSTNAME", "HostScope", "HostScopeError", "clean_hostname", "is_valid_hostname", "job_host_in_name",
+           "without_log_kind"]
 
 MAX_HOSTNAME = 253
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -64,3 +65,82 @@ def job_host_in_name(name: str, hosts: Iterable[str]) -> str | None:
     when none does, or more than one."""
     found = {h for h in hosts if re.search(rf"(?:^|[-_./=]){re.escape(h)}(?:$|[-_./=])", name)}
     return found.pop() if len(found) == 1 else None
+
+
+# --- which hosts a sender may speak for ------------------------------------------------------------
+MAX_SCOPE_HOSTS = 200_000  # names one scope may expand to
+
+
+class HostScopeError(ValueError):
+    """A `hosts` entry that is neither `*` nor a hostlist of plain host names."""
+
+
+class HostScope:
+    """The hosts a sender may speak for: a node-bound credential its own node, a collector the operator
+    runs the hosts it collects from, everybody else none. What a sender says of any other host (a header, a
+    record field, a prefix in its lines) is a claim: kept and reported, never grounds for touching a node."""
+
+    __slots__ = ("_everywhere", "_names")
+
+    def __init__(self, names: Iterable[str] = (), *, everywhere: bool = False) -> None:
+        self._everywhere = everywhere
+        self._names = frozenset(names)
+
+    @classmethod
+    def everywhere(cls) -> HostScope:
+        return cls(everywhere=True)
+
+    @classmethod
+    def nowhere(cls) -> HostScope:
+        return cls()
+
+    @classmethod
+    def parse(cls, entries: Iterable[str]) -> HostScope:
+        """`*` (every host), or hostlists (`gpu-node-[001-128]`, `login1,login2`) of plain host names."""
+        import hostlist
+
+        names: set[str] = set()
+        for entry in entries:
+            entry = entry.strip()
+            if entry == "*":
+                return cls.everywhere()
+            try:
+                expanded = hostlist.expand_hostlist(entry)
+            except hostlist.BadHostlist as e:
+                raise HostScopeError(f"{entry!r} is not a hostlist ({e})") from None
+            for name in expanded:
+                host = clean_hostname(name)
+                if host is None:
+                    raise HostScopeError(f"{entry!r}: {name!r} is not a plain host name")
+                names.add(host)
+                if len(names) > MAX_SCOPE_HOSTS:
+                    raise HostScopeError(f"more than {MAX_SCOPE_HOSTS} hosts: use '*' for a collector of every host")
+        return cls(names)
+
+    @property
+    def is_everywhere(self) -> bool:
+        return self._everywhere
+
+    @property
+    def is_nowhere(self) -> bool:
+        return not self._everywhere and not self._names
+
+    def allows(self, host: str | None) -> bool:
+        return host is not None and (self._everywhere or host in self._names)
+
+    def spec(self) -> str:
+        """A compact form that `parse` reads back (what a spooled run carries)."""
+        import hostlist
+
+        if self._everywhere:
+            return "*"
+        return hostlist.collect_hostlist(sorted(self._names)) if self._names else ""
+
+    def __repr__(self) -> str:
+        return f"HostScope({self.spec()!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HostScope) and (self._everywhere, self._names) == (other._everywhere, other._names)
+
+    def __hash__(self) -> int:
+        return hash((self._everywhere, self._names))

@@ -278,6 +278,9 @@ class CompressionSummary:
     # "executed on host(s)"): a job on exactly one node links a line without a host to that node.
     allocated_hosts: list[str] = field(default_factory=list)
     progress: ProgressSummary = field(default_factory=ProgressSummary)
+    # The hosts a sender that may speak for them named (a node's own credential, a collector of the operator's);
+    # None: every host the lines name (the reader's own files, senders that may speak for every host).
+    trusted_hosts: frozenset[str] | None = None
 
 
 @dataclass(slots=True)
@@ -364,6 +367,9 @@ class Attribution:
     corroborated: bool = False  # a second signal agrees: the host printed the fault, or the rank stopped
     single_node: bool = False  # no host anywhere and few ranks: one machine's log, blamed unnamed
     notes: list[str] = field(default_factory=list)  # why a host is unknown, which names were refused
+    # Every culprit host was named by a sender that may speak for it (CompressionSummary.trusted_hosts): only
+    # then may a node be cordoned. Otherwise the name is a claim, reported as such.
+    verified: bool = True
 
 
 @dataclass(slots=True)

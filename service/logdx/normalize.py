@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
+from logdx.hosts import HostScope
 from logdx.model import Record
 
 DEFAULT_MAX_LINE_BYTES = 64 * 1024
@@ -183,12 +184,14 @@ _PREFIXES = tuple(_compile_prefix(row) for row in LAUNCHER_PREFIXES)
 
 @dataclass(slots=True)
 class Source:
-    """What the transport already knows about a line (HTTP headers, NDJSON fields)."""
+    """What the transport already knows about a line (HTTP headers, NDJSON fields), and who says so: the hosts
+    its sender may speak for (`scope`; None: the reader's own files, every host)."""
 
     rank: int | None = None
     host: str | None = None
     ts: float | None = None
     stream: str | None = None
+    scope: HostScope | None = None
 
 
 def sanitize(raw: bytes | str, max_bytes: int = DEFAULT_MAX_LINE_BYTES) -> tuple[str, bool]:

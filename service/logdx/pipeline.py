@@ -33,6 +33,7 @@ from logdx.model import FT, CompressionSummary, Event, EventKind, FailureContext
 
 if TYPE_CHECKING:
     from logdx.flightrec import FrFindings
+from logdx.hosts import HostScope
 from logdx.normalize import InputError, Normalizer, Source, iter_lines, open_input
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 _TIMING_SAMPLE_MASK = 63
 _MAX_STREAMS = 65536  # streams whose time a session remembers apart
 _MAX_AWAITING = 4096  # kept lines of one stream waiting for its next stamp
+_MAX_TRUSTED = 65536  # hosts a session remembers as vouched for
 
 
 @dataclass
@@ -136,11 +138,15 @@ class Engine:
         if self.incidents is not None:
             self.incidents.save_report(report.model_dump(mode="json"), context=context)
 
-    def new_session(self, *, live: bool = False) -> Session:
+    def new_session(self, *, live: bool = False, vouching: bool = False) -> Session:
         """A job's session. `live`: its lines are read as they are written (the service's streams, `logdx
         run`'s child), so a stamp without a year is of this year; otherwise such a stamp waits for a line
-        that says the year (or the reader's `Session.hint_year`)."""
+        that says the year (or the reader's `Session.hint_year`). `vouching`: its lines come from senders who
+        may speak for some hosts only (`Source.scope`): a host is trusted as the job's when one of them named
+        it (else every host the lines name is: the reader's own files)."""
         session = Session(self)
+        if vouching:
+            session.trusted = set()
         if live:
             now = time.gmtime()
             session.hint_year(now.tm_year, now.tm_mon)
@@ -242,6 +248,10 @@ class Session:
         self.finished = False
         self.last_context: FailureContext | None = None  # of the last diagnosis, for `remember`
         self._root_causes_taken = 0
+        # Hosts named by a sender that may speak for them (`Source.scope`); None: every host the lines name.
+        self.trusted: set[str] | None = None
+        self._scope: HostScope | None = None  # the current stream's, when it may speak for some host
+        self._everywhere_only = True  # every stream so far could speak for every host
         # The stream lines come in on (its source, as the transport gave it) and the time of its last stamped line.
         self._stream_source: Source | None = None
         self._stream_key: tuple | None = None
@@ -269,6 +279,8 @@ class Session:
             rec.at = self._stream_ts = rec.ts
             if self._awaiting:
                 self._bound(rec)
+        if self._scope is not None and rec.host is not None:
+            self._vouch(rec.host)
         kept = self.compressor.add(rec)
         return self._detect(kept) if kept else []
 
@@ -299,7 +311,15 @@ class Session:
             rec.at = self._stream_ts = rec.ts
             if self._awaiting:
                 self._bound(rec)
+        if self._scope is not None and rec.host is not None:
+            self._vouch(rec.host)
         return rec
+
+    def _vouch(self, host: str) -> None:
+        trusted = self.trusted
+        if trusted is not None and host not in trusted and len(trusted) < _MAX_TRUSTED and self._scope is not None \
+                and self._scope.allows(host):
+            trusted.add(host)
 
     def _bound(self, stamped: Record) -> None:
         """A stamped line: the kept lines of its stream that had only their predecessor's time were written
@@ -319,6 +339,11 @@ class Session:
             key = ("overflow",)
         self._stream_source, self._stream_key = source, key
         self._stream_index, self._stream_ts = streams.get(key, (len(streams), None))
+        if self.trusted is not None:
+            scope = source.scope if source is not None else None
+            if scope is None or not scope.is_everywhere:
+                self._everywhere_only = False
+            self._scope = None if scope is None or scope.is_nowhere else scope
 
     def _feed_timed(self, raw: bytes | str, source: Source | None) -> list[Event]:
         # Clocks cost as much as a repeated line: one line in 64 is timed, and stands for the 64.
@@ -462,7 +487,10 @@ class Session:
         return build_report(diagnosis, summary, timings)
 
     def _summary(self) -> CompressionSummary:
-        return self.compressor.summary(bytes_in=self.normalizer.bytes_in, lines_truncated=self.normalizer.truncated)
+        summary = self.compressor.summary(bytes_in=self.normalizer.bytes_in, lines_truncated=self.normalizer.truncated)
+        if self.trusted is not None and not self._everywhere_only:
+            summary.trusted_hosts = frozenset(self.trusted)
+        return summary
 
     # -- snapshots: a session moves to another process ---------------------------------------
 

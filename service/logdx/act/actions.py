@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from logdx import tenancy
 from logdx.act.actuators import ACTUATORS, ActionFailed, NodeName, make_actuator
 from logdx.act.actuators.restart import hook_values, make_restart_hook
 from logdx.act.argv import HEALTH_CHECK_PLACEHOLDERS, fill_argv, parse_template
@@ -33,6 +34,7 @@ from logdx.act.nodes import BreakerState, NodeBook
 from logdx.act.policy import (
     ALREADY_CORDONED,
     NODE_UNKNOWN,
+    UNVERIFIED_HOST,
     RestartVerdict,
     breaker_refusal,
     budget_refusal,
@@ -184,7 +186,9 @@ class Actions:
         if done:
             return done
         self.nodes.seen(seen_hosts)
-        targets = cordon_targets(report)
+        report = self._placed(job_id, report)
+        # A claimed host's history is not written: another tenant's node would read as blamed.
+        targets = cordon_targets(report) if report.culprits.verified else []
         escalated = self._record_blame(job_id, report, targets)
         out: list[ActionRecord] = []
         why = cordon_refusal(report, self.settings, escalated)
@@ -193,11 +197,30 @@ class Actions:
                 out.append(self._cordon(key, job_id, node, report, escalated))
         elif report.action == Action.CORDON_AND_RESTART or escalated:
             # Worth saying why a diagnosis that asks for a cordon touched nothing.
-            outcome = "refused" if why.startswith(NODE_UNKNOWN) else "skipped"
+            outcome = "refused" if why.startswith((NODE_UNKNOWN, UNVERIFIED_HOST)) else "skipped"
             out.append(self._audit(key, job_id, None, "cordon", self._actuator_name, outcome, why, report))
         if restart and self.restart_hook is not None:
             out.append(self._restart(key, job_id, report, out, verdict))
         return out
+
+    def _placed(self, job_id: str, report: Report) -> Report:
+        """A culprit host only a claim named is the job's after all when the scheduler ran the job there
+        (`actions.ask_scheduler`): the report then says so and may cordon it."""
+        if report.culprits.verified or not self.settings.ask_scheduler or self.actuator is None \
+                or not report.culprits.hosts:
+            return report
+        _, name = tenancy.split(job_id) if tenancy.is_job_id(job_id) else ("", job_id)
+        try:
+            nodes = self.actuator.nodes_of_job(name)
+        except Exception as e:  # noqa: BLE001 - a scheduler that does not answer confirms nothing
+            log.warning("job %s: the scheduler could not say where it ran: %s", job_id, e)
+            return report
+        if not nodes or not set(report.culprits.hosts) <= set(nodes):
+            return report
+        culprits = report.culprits.model_copy(update={
+            "verified": True, "basis": f"{report.culprits.basis}; the scheduler ran the job there".lstrip("; ")})
+        return report.model_copy(update={"culprits": culprits, "notes": [
+            *report.notes, f"{', '.join(report.culprits.hosts)}: the {self.actuator.name} scheduler ran the job there"]})
 
     @property
     def _actuator_name(self) -> str:

@@ -288,11 +288,13 @@ class NodeBook:
 
     def list(self, *, blamed_only: bool = False, limit: int = 500, recent: int = 5) -> list[NodeInfo]:
         """Nodes, most recently blamed first (then most recently seen)."""
+        # PostgreSQL orders by an output column's alias only when it stands alone: the expression over it needs
+        # the derived table.
         rows = self.db.query(
-            "SELECT n.node, n.name, n.first_seen, n.last_seen, n.state, n.state_since, n.state_by, n.state_reason,"
-            " (SELECT MAX(ts) FROM node_events e WHERE e.node = n.node) AS last_blamed FROM nodes n"
+            "SELECT * FROM (SELECT n.node, n.name, n.first_seen, n.last_seen, n.state, n.state_since, n.state_by,"
+            " n.state_reason, (SELECT MAX(ts) FROM node_events e WHERE e.node = n.node) AS last_blamed FROM nodes n"
             + (" WHERE EXISTS (SELECT 1 FROM node_events e WHERE e.node = n.node)" if blamed_only else "")
-            + " ORDER BY last_blamed IS NULL, last_blamed DESC, n.last_seen DESC LIMIT ?", (limit,))
+            + ") AS listed ORDER BY last_blamed IS NULL, last_blamed DESC, last_seen DESC LIMIT ?", (limit,))
         return [self._info(dict(r), recent) for r in rows]
 
     def get(self, name: str, recent: int = 50) -> NodeInfo | None:

@@ -10,6 +10,9 @@ A node is cordoned (or, in `logdx run`, excluded from the next launch) only when
   GPU's when it keeps coming back, whatever category each report had);
 - it is not a time limit or a preemption (the taxonomy's `resubmit` types never cordon);
 - the culprit hosts are named and each is one plain, valid host name (never a range or a list);
+- each was named by a sender that may speak for it (`culprits.verified`: a node's own credential, a collector
+  of the operator's, the reader's own files), or the scheduler says the job ran there: a tenant's shipper, or
+  a token not bound to the host, only claims a host;
 - the attribution is corroborated (the host printed the fault itself, or the blamed rank stopped);
 - the report is at least `actions.min_confidence` sure (an escalation stands in for that);
 
@@ -36,12 +39,14 @@ from typing import Literal, Protocol
 from logdx.act.actuators.base import NodeName, node_names
 from logdx.act.report import Report
 from logdx.config import ActionsSettings
+from logdx.diagnose.culprit import UNVERIFIED
 from logdx.model import Action, Category
 from logdx.taxonomy import is_resubmit
 
 __all__ = [
     "ALREADY_CORDONED",
     "NODE_UNKNOWN",
+    "UNVERIFIED_HOST",
     "AttemptOutcome",
     "RestartVerdict",
     "breaker_refusal",
@@ -54,6 +59,7 @@ __all__ = [
 ]
 
 NODE_UNKNOWN = "node name unknown"
+UNVERIFIED_HOST = UNVERIFIED  # the diagnosis's word for a culprit host that is only a claim
 
 
 class _CordonOutcome(Protocol):
@@ -84,6 +90,9 @@ def cordon_refusal(report: Report, settings: ActionsSettings, escalated: str = "
     _, refused = node_names(report.culprits.hosts)
     if refused:
         return f"not a single plain host name: {refused[0][:80]!r}"
+    if not report.culprits.verified:
+        return (f"{UNVERIFIED_HOST}: {', '.join(report.culprits.hosts)} named only by a sender that may not speak for "
+                "it (server.tokens[].hosts, a node credential, or the scheduler's node list would say the job ran there)")
     if not report.culprits.corroborated:
         basis = report.culprits.basis or "no basis"
         return f"culprit not corroborated ({basis}): no second signal that {', '.join(report.culprits.hosts)} is at fault"

@@ -23,6 +23,9 @@ class Culprits(BaseModel):
     basis: str = Field("", description="how the culprit was found; empty when it was not")
     corroborated: bool = Field(False, description="a second signal agrees: the host printed the fault itself, "
                                "or the blamed rank stopped")
+    verified: bool = Field(True, description="every host here was named by a sender that may speak for it (a node's "
+                           "own credential, a collector of the operator's, the reader's own files); false: a claim "
+                           "(a tenant's shipper, a token not bound to the host), reported and never cordoned")
 
 
 class RootCause(BaseModel):
@@ -138,7 +141,8 @@ def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: 
         action=Action.NONE if healthy else d.label.action,  # type: ignore[union-attr]
         confidence=round(min(1.0, max(0.0, d.confidence)), 3),
         culprits=Culprits(hosts=d.attribution.hosts, ranks=d.attribution.ranks, gpus=d.attribution.gpus,
-                          basis=d.attribution.basis, corroborated=d.attribution.corroborated),
+                          basis=d.attribution.basis, corroborated=d.attribution.corroborated,
+                          verified=d.attribution.verified),
         root_cause=RootCause(line_no=root.line_no, text=root.raw, rank=root.rank, host=root.host) if root else None,
         evidence=[EvidenceItem(line_no=e.line_no, text=e.text, source=e.source) for e in d.evidence],
         explanation=d.explanation,

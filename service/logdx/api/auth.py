@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from logdx import tenancy
 from logdx.api.errors import ApiError
 from logdx.config import ServerSettings
+from logdx.hosts import HostScope
 from logdx.store import Store, migrate
 
 SHIPPER, READER, OPERATOR, LOCAL = "shipper", "reader", "operator", "local"
@@ -71,6 +72,8 @@ class Principal:
     name: str
     role: str
     tenant: str = ""
+    # The hosts it may speak for (`server.tokens[].hosts`): what it says of others is an unverified claim.
+    hosts: HostScope = field(default_factory=HostScope.nowhere)
 
     @property
     def authenticated(self) -> bool:
@@ -86,9 +89,9 @@ class Authenticator:
     def __init__(self, server: ServerSettings) -> None:
         self.local_operator = server.local_operator
         self._known: list[tuple[bytes, Principal]] = [
-            (bytes.fromhex(t.sha256), Principal(t.name, t.role, t.tenant)) for t in server.tokens]
+            (bytes.fromhex(t.sha256), Principal(t.name, t.role, t.tenant, HostScope.parse(t.hosts))) for t in server.tokens]
         if server.token:
-            self._known.append((hashlib.sha256(server.token.encode()).digest(), Principal("server.token", OPERATOR)))
+            self._known.append((hashlib.sha256(server.token.encode()).digest(), Principal("server.token", OPERATOR, hosts=HostScope.everywhere())))
 
     @property
     def required(self) -> bool:
@@ -99,7 +102,7 @@ class Authenticator:
         """The caller behind an `Authorization` header; 401 when a token is required and this one is
         missing or unknown."""
         if not self._known:
-            return Principal("local", LOCAL)
+            return Principal("local", LOCAL, hosts=HostScope.everywhere())  # the operator's own loopback
         token = _bearer(authorization)
         if token is None:
             raise _unauthorized("missing bearer token" if not authorization else "invalid bearer token")

@@ -84,7 +84,7 @@ class BusIngest:
         if job.state != "open":
             raise ApiError(409, "job_ended", f"job {job.id} has ended")
         for piece in _pieces(runs, self.settings.bus.max_message_bytes):
-            meta, payload = encode_runs(piece)
+            meta, payload = encode_runs(piece, req.scope)
             if not self.bus.has_room(len(payload) + 1024):
                 raise self._bus_full("less than bus.reserve_bytes left")
             self._publish(BusRecord(DATA, job.id, {"r": req.id, "i": self.replica, "at": time.time(), "s": meta},

@@ -66,7 +66,7 @@ class EmbeddedCoordinator:
             return job.session
         assert self.jobs.engine is not None, "engine not ready"
         t0 = time.perf_counter()
-        session = self.jobs.engine.new_session(live=True)
+        session = self.jobs.engine.new_session(live=True, vouching=True)
         spool = job.spool or Spool(self._spool_path(job.id))
         spool.reset()
         job.committed.clear()  # rebuilt by the replay, in the spool's order
@@ -162,7 +162,7 @@ class EmbeddedCoordinator:
                                "further uploads are refused")
             if job.spool is None:  # the session is not loaded (or the engine not yet ready): spool only
                 job.spool = Spool(self._spool_path(job.id))
-            meta, payload = encode_runs(runs)
+            meta, payload = encode_runs(runs, req.scope)
             with job.spool.locked():
                 job.spool.append(DATA, {"r": req.id, "i": self.instance.id, "s": meta}, payload)
             req.lines += lines

@@ -18,6 +18,7 @@ nor repeats one; keys are what a diagnosis says (never a line number, which a re
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -49,6 +50,7 @@ from logdx.api.jobstate import (
 from logdx.api.limits import TokenBucket
 from logdx.api.metrics import Metrics
 from logdx.config import Settings
+from logdx.hosts import HostScope
 from logdx.incidents import IncidentStore
 from logdx.model import FailureContext
 from logdx.normalize import Source
@@ -63,6 +65,12 @@ __all__ = ["COMPONENT", "MIGRATIONS", "PG_MIGRATIONS", "IngestRequest", "Job", "
 log = logging.getLogger("logdx.api")
 
 _IDEMPOTENCY_KEYS = 10_000  # per job, most recent
+
+
+@functools.lru_cache(maxsize=256)
+def _scope(spec: str) -> HostScope:
+    """A spooled run's scope, parsed once per spelling (a node token's, a collector's '*', a tenant's '')."""
+    return HostScope.parse([spec]) if spec else HostScope.nowhere()
 
 
 class JobManager:
@@ -166,8 +174,8 @@ class JobManager:
 
     @staticmethod
     def feed_runs(session: Session, runs: list[tuple[Any, list[bytes]]]) -> int:
-        return session.feed_runs((Source(rank=rank, host=host, ts=ts, stream=stream), lines)
-                                 for (rank, host, ts, stream), lines in runs)
+        return session.feed_runs((Source(rank=rank, host=host, ts=ts, stream=stream, scope=_scope(scope)), lines)
+                                 for (rank, host, ts, stream, scope), lines in runs)
 
     @staticmethod
     def note_end(job: Job, meta: dict[str, Any]) -> None:

@@ -134,6 +134,7 @@ class IngestRequest:
 
     fmt: str
     key: str | None = None  # Idempotency-Key
+    scope: str = ""  # the hosts its sender may speak for (`HostScope.spec`): what its lines say of others is a claim
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     lines: int = 0  # spooled; applied when the request commits
     applied: int = 0

@@ -29,6 +29,7 @@ used to be refused (`no_job`), and the job was diagnosed from a victim's watchdo
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -43,6 +44,7 @@ from logdx.act.report import Report
 from logdx.api.errors import ApiError
 from logdx.api.jobs import IngestRequest, JobManager
 from logdx.config import NodeStreamSettings
+from logdx.hosts import HostScope
 from logdx.normalize import Source
 from logdx.pipeline import Session, SnapshotError
 from logdx.store import Store, migrate
@@ -389,7 +391,8 @@ class NodeJoiner:
         if not mine:
             return
         runs = [(Source(host=e.host, ts=e.ts), [e.text.encode()]) for e in sorted(mine, key=lambda e: e.ts)]
-        req = IngestRequest("node")
+        # Each host's lines were kept only from a sender that may speak for it: they vouch for their host.
+        req = IngestRequest("node", scope=HostScope({e.host for e in mine}).spec())
         job.active += 1
         try:
             self.jobs.check_open(job)
@@ -467,8 +470,15 @@ class NodeJoiner:
 
 
 def _feed(session: Session, events: list[NodeEvent]) -> None:
+    """A node's kept lines into a job's session: kept only from a sender that may speak for their host, each
+    vouches for its own."""
     for e in sorted(events, key=lambda e: e.ts):
-        session.feed(e.text, Source(host=e.host, ts=e.ts))
+        session.feed(e.text, Source(host=e.host, ts=e.ts, scope=_own(e.host)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _own(host: str) -> HostScope:
+    return HostScope({host})
 
 
 def _what_changed(before: Report | None, after: Report, hosts: str) -> str:

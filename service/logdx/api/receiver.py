@@ -23,6 +23,7 @@ from logdx.api.ingest import Upload, runs_by_job
 from logdx.api.jobs import IngestRequest, Job
 from logdx.api.services import Services
 from logdx.formats import Batch
+from logdx.hosts import HostScope
 from logdx.normalize import Source
 
 T = TypeVar("T")
@@ -63,6 +64,9 @@ class Receiver:
         # Node streams: lines naming a host and no job, kept when the request commits; where each job's
         # lines came from (host: first, last time), joined to those hosts' streams then.
         self.node_host = node_host  # POST /v1/nodes/{host}/logs: every line is this host's
+        # The hosts the caller may speak for: its node lines for any other host are refused, and what its job
+        # lines say of other hosts is kept as a claim (never grounds for a cordon).
+        self.scope: HostScope = request.state.principal.hosts
         # A tenant's token writes only into its tenant's jobs, and node lines join every job on their host:
         # from such a token they stay refused (`no_job`), as before node streams.
         takes_nodes = services.nodes is not None and not tenant_of(request)
@@ -103,7 +107,7 @@ class Receiver:
             if self.key in job.inflight_keys:
                 raise ApiError(409, "request_in_progress", "a request with this Idempotency-Key is still being received")
             job.inflight_keys.add(self.key)
-        req = IngestRequest(self.upload.fmt, self.key)
+        req = IngestRequest(self.upload.fmt, self.key, scope=self.scope.spec())
         job.active += 1
         self.out.parts[job_id] = (job, req)
         return job, req
@@ -188,13 +192,20 @@ class Receiver:
             req.raw_bytes += raw if len(self.out.parts) == 1 else 0
 
     def _held_node_lines(self, since: int) -> None:
-        """Node lines wait for the commit (a failed request keeps none), within a bound of their own."""
+        """Node lines wait for the commit (a failed request keeps none), within a bound of their own. A node
+        line joins every job on its host and may cordon it: one for a host the caller may not speak for is
+        refused (`host_not_allowed`), never kept."""
         assert self.node_runs is not None
-        for i in range(since, len(self.node_runs)):
-            source, lines = self.node_runs[i]
+        kept = self.node_runs[:since]
+        for source, lines in self.node_runs[since:]:
             if self.node_host is not None:
-                self.node_runs[i] = (Source(host=self.node_host, ts=source.ts), lines)
+                source = Source(host=self.node_host, ts=source.ts)
+            if not self.scope.allows(source.host):
+                self.upload.refused["host_not_allowed"] = self.upload.refused.get("host_not_allowed", 0) + len(lines)
+                continue
+            kept.append((source, lines))
             self.node_bytes += sum(len(line) for line in lines)
+        self.node_runs[:] = kept
         if self.node_bytes > _MAX_NODE_BYTES:
             raise ApiError(413, "node_lines_too_large",
                            f"one request may hold at most {_MAX_NODE_BYTES >> 20} MB of node lines "

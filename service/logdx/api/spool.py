@@ -303,16 +303,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def encode_runs(runs: list[tuple[Any, list[bytes]]]) -> tuple[list[list[Any]], bytes]:
-    """A batch's runs as (meta, payload): per run [rank, host, ts, stream, n]; lines joined by LF."""
-    meta = [[s.rank, s.host, s.ts, s.stream, len(lines)] for s, lines in runs]
+def encode_runs(runs: list[tuple[Any, list[bytes]]], scope: str = "") -> tuple[list[list[Any]], bytes]:
+    """A batch's runs as (meta, payload): per run [rank, host, ts, stream, n, scope] (`scope`: the hosts its
+    sender may speak for, `HostScope.spec`); lines joined by LF."""
+    meta = [[s.rank, s.host, s.ts, s.stream, len(lines), scope] for s, lines in runs]
     payload = b"\n".join(chain.from_iterable(lines for _, lines in runs))  # C-level: a flood of lines stays cheap
     return meta, payload
 
 
-def decode_runs(meta: list[list[Any]], payload: bytes) -> Iterator[tuple[tuple[Any, Any, Any, Any], list[bytes]]]:
+def decode_runs(meta: list[list[Any]], payload: bytes) -> Iterator[tuple[tuple[Any, Any, Any, Any, str], list[bytes]]]:
+    """(rank, host, ts, stream, scope) and lines of each run; a run spooled before scopes were kept speaks for no
+    host."""
     lines = payload.split(b"\n")
     i = 0
-    for rank, host, ts, stream, n in meta:
-        yield (rank, host, ts, stream), lines[i:i + n]
+    for rank, host, ts, stream, n, *scope in meta:
+        yield (rank, host, ts, stream, scope[0] if scope else ""), lines[i:i + n]
         i += n

@@ -15,6 +15,7 @@ NATS JetStream instead of the spool file, and the answer waits for JetStream's a
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Annotated, Any, TypeVar
 
 import anyio
@@ -296,6 +297,10 @@ async def post_node_logs(
     if tenant_of(request):
         raise ApiError(403, "tenant_mismatch", "a node's lines join every job on it: send them with a token "
                        "without a tenant (a cluster-wide shipper)")
+    if not request.state.principal.hosts.allows(name):
+        raise ApiError(403, "host_not_allowed", f"token {request.state.principal.name!r} may not speak for host {name}: "
+                       "a node's lines join every job on it and may cordon it (server.tokens[].hosts, or the "
+                       "node's own credential)")
     upload = _open_upload(request, services, None, fmt, node_host=name)
     out = await Receiver(request, services, upload, None, node_host=name).receive()
     await _settle(request, services, upload, out)
@@ -315,7 +320,8 @@ async def diagnose(
     fmt: Annotated[FormatName | None, Query(alias="format")] = None,
 ) -> Report | Response:
     upload = _open_upload(request, services, "oneshot", fmt)
-    session = engine.new_session()
+    session = engine.new_session(vouching=True)
+    scope = request.state.principal.hosts  # what the caller may say of hosts: a claim beyond it
     received = 0
     limit = services.settings.server.max_request_bytes
 
@@ -323,7 +329,7 @@ async def diagnose(
         for batch in upload.pieces(chunk):
             upload.budget.start()
             try:
-                session.feed_runs((source, lines) for _, source, lines in batch.runs)
+                session.feed_runs((replace(source, scope=scope), lines) for _, source, lines in batch.runs)
             finally:
                 upload.budget.charge()
             if upload.budget.exceeded():

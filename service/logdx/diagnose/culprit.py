@@ -28,7 +28,8 @@ from logdx.patterns import pci_key
 if TYPE_CHECKING:
     from logdx.diagnose.rootcause import Finding
 
-__all__ = ["HANG_BASES", "HANG_OUTPUT_BASIS", "HangCulprit", "attribute", "blames_one_node", "hang_culprit"]
+__all__ = ["HANG_BASES", "HANG_OUTPUT_BASIS", "UNVERIFIED", "HangCulprit", "attribute", "blames_one_node", "hang_culprit",
+           "verify_hosts"]
 
 # A job this small with no host name anywhere is one machine's log: the machine is blamed, unnamed.
 _SINGLE_NODE_MAX_RANKS = 8
@@ -295,6 +296,24 @@ def _lagging(seq_by_rank: dict[int, int]) -> list[int]:
     if counts[low] > len(seq_by_rank) // 2:
         return []
     return sorted(r for r, s in seq_by_rank.items() if s == low)
+
+
+UNVERIFIED = "unverified host"
+
+
+def verify_hosts(att: Attribution, summary: CompressionSummary) -> Attribution:
+    """Whether each culprit host was named by a sender that may speak for it. A name that only a tenant's
+    shipper, or a token not bound to that host, sent is a claim: the report names it, marked, and nothing may
+    cordon it (a node's own credential, a collector the operator runs, or the scheduler must say so)."""
+    trusted = summary.trusted_hosts
+    if trusted is None or not att.hosts:
+        return att
+    claimed = [h for h in att.hosts if h not in trusted]
+    if claimed:
+        att.verified = False
+        att.notes.append(f"{UNVERIFIED} {', '.join(claimed[:4])}: named only by a sender that may not speak for it "
+                         "(no node credential, collector or scheduler says the job ran there): reported, never cordoned")
+    return att
 
 
 # An unnamed machine (a one-machine log, a rank's own line) is recommended for a cordon only on a

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from logdx.diagnose.culprit import HANG_OUTPUT_BASIS, attribute, hang_culprit
+from logdx.diagnose.culprit import HANG_OUTPUT_BASIS, attribute, hang_culprit, verify_hosts
 from logdx.diagnose.hangs import fr_hit, minority_hit, silent_rank_hint, silent_rank_label, stack_minority
 from logdx.diagnose.life import MIN_ADVANCES, ends_its_process, is_warning, said_it_completed, went_on_after
 from logdx.diagnose.occupied import taken_by_another_process
@@ -98,6 +98,7 @@ def find_root_cause(
     if winner is not None and role is Role.ROOT_CAUSE:
         winner = taken_by_another_process(_detailed_by_nccl(winner, events), findings)
     winner, role, att = _hang(winner, role, findings, dumps, summary)
+    att = verify_hosts(att, summary)
     vote = _vote(winner, findings)
     context = failure_context(winner.hit.line if winner else likeliest_unexplained(unexplained), winner, templates)
     explanation = _explain(winner, role, findings, att.hosts, att.ranks, att.gpus)

@@ -84,6 +84,12 @@ class Actuator(Protocol):
         """Put the node back into scheduling; returns what was done."""
         ...
 
+    def nodes_of_job(self, job_name: str) -> list[str] | None:
+        """The nodes the scheduler ran the job on (its name as its shipper gave it), or None when the scheduler
+        does not know it: what makes a culprit host that only a claim named one of the job's
+        (`actions.ask_scheduler`). Any exception is a "does not know"."""
+        ...
+
 
 class ActuatorClass(Protocol):
     """What `ACTUATORS` holds: an actuator's class, which names itself and its settings section."""

@@ -25,6 +25,9 @@ class KubernetesSettings(Section):
     taint: bool = Field(False, description="also taint a cordoned node logdx.io/failure=<failure_type>:NoSchedule")
     api: str = Field("", description="API server URL; empty: in-cluster service account, else ~/.kube/config")
     token: str = Field("", description="bearer token for `api` (LOGDX_ACTIONS__KUBERNETES__TOKEN)")
+    job_pods: str = Field("job-name={job}", description="with actions.ask_scheduler: the label selector of a job's "
+                          "pods ({job}: the logdx job's name); their spec.nodeName are the job's nodes")
+    namespace: str = Field("", description="with actions.ask_scheduler: the namespace of the job's pods (empty: all)")
 
     moved_here = {"kube_taint": "taint", "kube_api": "api", "kube_token": "token"}
 
@@ -112,6 +115,20 @@ class KubernetesActuator:
                     continue
                 raise
         raise RuntimeError("conflict patching node")  # pragma: no cover - the loop returns or raises
+
+
+    def nodes_of_job(self, job_name: str) -> list[str] | None:
+        """The nodes the job's pods (`job_pods`) are bound to."""
+        from logdx.hosts import clean_hostname
+
+        api, s = self._core_api(), self.settings
+        selector = s.job_pods.replace("{job}", job_name)
+        if s.namespace:
+            pods = api.list_namespaced_pod(s.namespace, label_selector=selector, _request_timeout=KUBE_TIMEOUT_S)
+        else:
+            pods = api.list_pod_for_all_namespaces(label_selector=selector, _request_timeout=KUBE_TIMEOUT_S)
+        nodes = sorted({h for p in pods.items if p.spec and (h := clean_hostname(p.spec.node_name))})
+        return nodes or None
 
 
 def _other_taints(current: Any) -> list[dict[str, Any]]:

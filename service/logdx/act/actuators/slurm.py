@@ -4,6 +4,7 @@ from one validated `NodeName`, never from a range or a list, and run without a s
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 
@@ -20,6 +21,8 @@ class SlurmSettings(Section):
     """How the Slurm actuator drains and resumes a node."""
 
     scontrol: str = Field("scontrol", description="the scontrol executable (a name on PATH, or a path)")
+    job_id: str = Field(r"(\d+)$", description="with actions.ask_scheduler: how the Slurm job id is read from a "
+                        "logdx job's name (a regular expression, its first group; ship with X-Logdx-Job: $SLURM_JOB_ID)")
 
     moved_here = {"scontrol": "scontrol"}
 
@@ -30,6 +33,7 @@ class SlurmActuator:
 
     def __init__(self, settings: SlurmSettings) -> None:
         self.scontrol = settings.scontrol
+        self.job_id = re.compile(settings.job_id)
 
     def argv(self, node: NodeName, job_id: str, report: Report) -> list[str]:
         reason = f"logdx: {report.failure_type or 'unknown'} {job_id}"
@@ -49,6 +53,36 @@ class SlurmActuator:
 
     def uncordon(self, node: NodeName) -> str:
         return _run(self.resume_argv(node))
+
+    def nodes_of_job(self, job_name: str) -> list[str] | None:
+        """`scontrol show job -o <id>`'s NodeList, expanded (a job Slurm no longer knows: None)."""
+        m = self.job_id.search(job_name)
+        if m is None:
+            return None
+        out = subprocess.run([self.scontrol, "show", "job", "-o", m.group(1)], capture_output=True, text=True,
+                             timeout=COMMAND_TIMEOUT_S, check=False)
+        found = _NODE_LIST.search(out.stdout) if out.returncode == 0 else None
+        if found is None or found.group(1) in ("", "(null)"):
+            return None
+        return _expanded(found.group(1))
+
+
+_NODE_LIST = re.compile(r"(?:^|\s)NodeList=(\S*)")
+_MAX_JOB_NODES = 100_000
+
+
+def _expanded(node_list: str) -> list[str] | None:
+    """A Slurm hostlist as plain host names; None when it is none."""
+    import hostlist
+
+    from logdx.hosts import clean_hostname
+
+    try:
+        names = hostlist.expand_hostlist(node_list)
+    except hostlist.BadHostlist:
+        return None
+    hosts = [h for name in names[:_MAX_JOB_NODES] if (h := clean_hostname(name))]
+    return hosts or None
 
 
 def _run(argv: list[str]) -> str:
