@@ -216,3 +216,88 @@ def test_with_the_scheduler_asked_a_tenants_job_cordons_where_slurm_ran_it(tmp_p
     assert _drains(calls()) == ["NodeName=gpu-node-22"]
     # Slurm was asked for the two jobs whose names carry a Slurm id; nothing was asked for the third.
     assert [c[-1] for c in calls() if c[:2] == ["show", "job"]] == ["4711", "4711"]
+
+
+# -- node credentials: derived tokens, Kubernetes service-account tokens ---------------------------------------
+
+
+def _kube_settings(tmp: Path, kube: Any, **server: Any) -> Settings:
+    return Settings.model_validate({
+        "data_dir": str(tmp), "llm": {"enabled": False}, "retrieval": {"enabled": False},
+        "server": {"early_diagnosis_delay_s": 3600, "local_operator": False, **server,
+                   "tokens": [{"name": "oncall", "role": "operator", "sha256": token_digest(SECRET["oncall"])},
+                              {"name": "tenant-a", "role": "shipper", "tenant": "ta",
+                               "sha256": token_digest(SECRET["tenant-a"])}]},
+        "actions": {"dry_run": False, "actuator": "kubernetes", "cluster_size": 64,
+                    "kubernetes": {"api": kube.url, "token": "t0ken", "namespace": "train"}}})
+
+
+def _node_xid(c: httpx.Client, host: str) -> httpx.Response:
+    return c.post(f"/v1/nodes/{host}/logs", content=(_xid(host) + "\n").encode(), headers={"content-type": "text/plain"})
+
+
+def _cordoned(kube: Any) -> list[str]:
+    return sorted(n for n, node in kube.nodes.items() if node["spec"].get("unschedulable"))
+
+
+def test_a_derived_node_token_speaks_for_its_node_only(tmp_path: Path, receiver: Any) -> None:
+    from logdx.credentials import derive
+
+    key = "the-operators-node-key-0123456789"
+    with receiver.FakeKube(nodes=[f"gpu-node-{i:02d}" for i in range(30)]) as kube:
+        settings = _kube_settings(tmp_path, kube, node_key=key)
+        with LoopbackApp(settings, Engine.create(settings)) as app:
+            token = derive(key, "gpu-node-21")
+            with httpx.Client(base_url=app.url, headers={"authorization": f"Bearer {token}"}, timeout=60) as c:
+                r = _node_xid(c, "gpu-node-22")  # another node's line: refused
+                assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed", r.text
+                assert _node_xid(c, "gpu-node-21").status_code == 200
+                # its own job's lines, with its own host: believed
+                assert _post(c, "on-21", _training() + [_xid("gpu-node-21")], host="gpu-node-21").status_code == 200
+                report = c.post("/v1/jobs/on-21/end", json={"exit_code": 1}).json()
+            assert report["culprits"] == {**report["culprits"], "hosts": ["gpu-node-21"], "verified": True}
+            assert _cordon_of(app, "on-21")["outcome"] == "ok"
+            forged = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
+            for bad in (forged, token.replace("gpu-node-21", "gpu-node-22")):
+                r = httpx.post(f"{app.url}/v1/nodes/gpu-node-22/logs", content=b"x\n",
+                               headers={"authorization": f"Bearer {bad}"})
+                assert r.status_code == 401, r.text
+        assert _cordoned(kube) == ["gpu-node-21"]
+
+
+@pytest.mark.parametrize("node_info", [True, False], ids=["node-name-extra", "pod-lookup"])
+def test_a_pods_service_account_token_speaks_for_its_node(tmp_path: Path, receiver: Any, node_info: bool) -> None:
+    with receiver.FakeKube(nodes=[f"gpu-node-{i:02d}" for i in range(30)]) as kube:
+        kube.node_info = node_info
+        kube.pods = [{"name": "logdx-shipper-x7k2p", "namespace": "logdx", "node": "gpu-node-12"},
+                     *({"name": f"train-4711-{i}", "namespace": "train", "labels": {"job-name": "train-4711"},
+                        "node": f"gpu-node-{20 + i:02d}"} for i in range(4))]
+        kube.tokens = {"sa-token-of-the-pod": {"pod": "logdx-shipper-x7k2p", "namespace": "logdx",
+                                               "account": "logdx-shipper", "audiences": ["logdx"]},
+                       "sa-token-for-the-api": {"pod": "logdx-shipper-x7k2p", "namespace": "logdx",
+                                                "account": "logdx-shipper", "audiences": ["https://kubernetes.default"]}}
+        settings = _kube_settings(tmp_path, kube, kubernetes_node_tokens=True)
+        settings.actions.ask_scheduler = True
+        with LoopbackApp(settings, Engine.create(settings)) as app:
+            shipper = httpx.Client(base_url=app.url, headers={"authorization": "Bearer sa-token-of-the-pod"}, timeout=60)
+            with shipper as c:
+                assert _node_xid(c, "gpu-node-12").status_code == 200
+                r = _node_xid(c, "gpu-node-13")
+                assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed", r.text
+            # A token for another audience, or none the API server knows: not a node's.
+            for other in ("sa-token-for-the-api", "made-up"):
+                r = httpx.post(f"{app.url}/v1/nodes/gpu-node-12/logs", content=b"x\n",
+                               headers={"authorization": f"Bearer {other}"})
+                assert r.status_code == 401, r.text
+            # A tenant's job: its lines claim gpu-node-22, which its pods run on (the scheduler's word), and
+            # gpu-node-09, which they do not.
+            with _as(app, "tenant-a") as c:
+                assert _post(c, "train-4711", _training() + [_xid("gpu-node-22")], host="gpu-node-22").status_code == 200
+                c.post("/v1/jobs/train-4711/end", json={"exit_code": 1})
+                assert _cordon_of(app, "train-4711")["outcome"] == "ok"
+                assert _post(c, "train-4712", _training() + [_xid("gpu-node-09")], host="gpu-node-09").status_code == 200
+                c.post("/v1/jobs/train-4712/end", json={"exit_code": 1})
+                assert _cordon_of(app, "train-4712")["outcome"] == "refused"
+        assert _cordoned(kube) == ["gpu-node-22"]
+        reviews = [r for r in kube.requests if r.path.startswith("/apis/authentication.k8s.io")]
+        assert len(reviews) == 3  # one per token: the pod's was reviewed once, then remembered

@@ -41,7 +41,9 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory, engine: Engine) -> Iterator[LoopbackApp]:
-    tokens = [{"name": n, "role": r, "tenant": t, "sha256": token_digest(SECRET[n])} for n, (r, t) in TOKENS.items()]
+    # The cluster's own node shipper may speak for every host (server.tokens[].hosts: '*'); the others for none.
+    tokens = [{"name": n, "role": r, "tenant": t, "sha256": token_digest(SECRET[n]), "hosts": ["*"] if n == "daemonset" else []}
+              for n, (r, t) in TOKENS.items()]
     with LoopbackApp(_settings(tmp_path_factory.mktemp("roles"), tokens=tokens), engine) as app:
         yield app
 

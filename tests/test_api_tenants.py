@@ -71,7 +71,11 @@ class World:
 
 
 def _settings(tmp: Path, store: dict[str, Any]) -> Settings:
-    tokens = [{"name": n, "role": r, "tenant": t, "sha256": token_digest(SECRET[n])} for n, (r, t) in TOKENS.items()]
+    # What each token may speak for (server.tokens[].hosts): the cluster's own node shipper every host; both
+    # tenants' shippers node-07, a node they share (so that each one's blame on it is the node's history).
+    hosts = {"daemonset": ["*"], "ship-a": ["node-07"], "ship-b": ["node-07"]}
+    tokens = [{"name": n, "role": r, "tenant": t, "sha256": token_digest(SECRET[n]), "hosts": hosts.get(n, [])}
+              for n, (r, t) in TOKENS.items()]
     return Settings.model_validate({
         "data_dir": str(tmp), "llm": {"enabled": False}, "retrieval": {"enabled": False}, "store": store,
         "server": {"early_diagnosis_delay_s": 3600, "tokens": tokens}})

@@ -334,6 +334,13 @@ class ServerSettings(Section):
     tokens: list[TokenSpec] = Field(
         default_factory=list, description="named tokens with roles (shipper, reader, operator), stored as SHA-256; "
         "LOGDX_SERVER__TOKENS takes them as a JSON list")
+    node_key: str = Field(
+        "", description="the secret node tokens are derived from (`logdx token node HOST`): a token "
+        "logdx-node.<host>.<mac> is a shipper that speaks for that node only (LOGDX_SERVER__NODE_KEY)")
+    kubernetes_node_tokens: bool = Field(
+        False, description="accept a pod's projected service-account token (audience kubernetes_audience): the "
+        "API server's TokenReview (actions.kubernetes.api / token) names its node, which it alone may speak for")
+    kubernetes_audience: str = Field("logdx", description="the audience of those tokens (serviceAccountToken.audience)")
     local_operator: bool = Field(
         False, description="without any token (a loopback-only server), allow the operator endpoints (breaker "
         "reset, uncordon, incident edits, feedback) to any local caller")
@@ -489,6 +496,12 @@ class ActionsSettings(Section):
         if v not in choices:
             raise ValueError(f"{v!r} is not an actuator: one of {', '.join(choices)}{_nearest(v, choices)}")
         return v
+
+    def section_of(self, actuator: str) -> Section:
+        """An actuator's own section (`actions.<name>`), whichever actuator is chosen: the Kubernetes one also
+        says how to reach the API server for node tokens (`server.kubernetes_node_tokens`)."""
+        section: Section = getattr(self, actuator)
+        return section
 
     def actuator_settings(self) -> Section | None:
         """The chosen actuator's own section (`actions.<actuator>`); None for `none`."""

@@ -125,6 +125,10 @@ class HostScope:
     def is_nowhere(self) -> bool:
         return not self._everywhere and not self._names
 
+    def hosts(self) -> list[str]:
+        """The hosts it names, sorted (none for `everywhere`)."""
+        return sorted(self._names)
+
     def allows(self, host: str | None) -> bool:
         return host is not None and (self._everywhere or host in self._names)
 

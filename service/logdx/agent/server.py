@@ -252,7 +252,7 @@ class Callers:
         from logdx.api.auth import Authenticator
 
         self.app = app
-        self.auth = Authenticator(settings.server)
+        self.auth = Authenticator(settings.server, settings.actions.section_of("kubernetes"))
         self.local_bearer = settings.server.token
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -34,8 +34,11 @@ from typing import Any
 
 from logdx import tenancy
 from logdx.api.errors import ApiError
+from logdx.api.nodecreds import KubernetesNodeTokens
 from logdx.config import ServerSettings
+from logdx.credentials import PREFIX, host_of_derived
 from logdx.hosts import HostScope
+from logdx.settings_base import Section
 from logdx.store import Store, migrate
 
 SHIPPER, READER, OPERATOR, LOCAL = "shipper", "reader", "operator", "local"
@@ -86,22 +89,34 @@ def token_digest(token: str) -> str:
 
 
 class Authenticator:
-    def __init__(self, server: ServerSettings) -> None:
+    def __init__(self, server: ServerSettings, kubernetes: Section | None = None) -> None:
         self.local_operator = server.local_operator
         self._known: list[tuple[bytes, Principal]] = [
-            (bytes.fromhex(t.sha256), Principal(t.name, t.role, t.tenant, HostScope.parse(t.hosts))) for t in server.tokens]
+            (bytes.fromhex(t.sha256), Principal(t.name, t.role, t.tenant, HostScope.parse(t.hosts)))
+            for t in server.tokens]
         if server.token:
-            self._known.append((hashlib.sha256(server.token.encode()).digest(), Principal("server.token", OPERATOR, hosts=HostScope.everywhere())))
+            self._known.append((hashlib.sha256(server.token.encode()).digest(),
+                                Principal("server.token", OPERATOR, hosts=HostScope.everywhere())))
+        self._node_key = server.node_key
+        self._kube_nodes = KubernetesNodeTokens(getattr(kubernetes, "api", ""), getattr(kubernetes, "token", ""),
+                                                server.kubernetes_audience) if server.kubernetes_node_tokens else None
 
     @property
     def required(self) -> bool:
         """Whether callers must present a token (any is configured)."""
-        return bool(self._known)
+        return bool(self._known) or bool(self._node_key) or self._kube_nodes is not None
+
+    def _node(self, token: str) -> Principal | None:
+        """A node-bound credential (`api/nodecreds.py`): a shipper that speaks for its node only."""
+        host = host_of_derived(self._node_key, token)
+        if host is None and self._kube_nodes is not None and not token.startswith(PREFIX):
+            host = self._kube_nodes.node_of(token)
+        return Principal(f"node:{host}", SHIPPER, hosts=HostScope({host})) if host else None
 
     def identify(self, authorization: str | None) -> Principal:
         """The caller behind an `Authorization` header; 401 when a token is required and this one is
         missing or unknown."""
-        if not self._known:
+        if not self.required:
             return Principal("local", LOCAL, hosts=HostScope.everywhere())  # the operator's own loopback
         token = _bearer(authorization)
         if token is None:
@@ -111,6 +126,8 @@ class Authenticator:
         for known, principal in self._known:  # every digest compared, whichever matches: constant time
             if hmac.compare_digest(digest, known) and found is None:
                 found = principal
+        if found is None:
+            found = self._node(token)
         if found is None:
             raise _unauthorized("invalid bearer token")
         return found

@@ -91,7 +91,7 @@ class Services:
         services = cls(settings=settings, db=db, incidents=incidents, jobs=jobs, metrics=metrics,
                        responder=responder, actor=actor, sweeper=sweeper,
                        quota=JobQuota(settings.server, lambda: _open_jobs(db)),
-                       auth=Authenticator(settings.server), tenants=Tenants(db))
+                       auth=Authenticator(settings.server, settings.actions.section_of("kubernetes")), tenants=Tenants(db))
         services.cookies = SessionCookies(db, services.auth)
         role = settings.server.role
         services.nodes = NodeJoiner(settings.nodes, NodeStreams(settings.nodes, db), jobs,

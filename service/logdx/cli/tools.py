@@ -49,11 +49,52 @@ def add_tool_parsers(sub: argparse._SubParsersAction, parser_class: type[argpars
     add_config_arg(pc)
     pc.set_defaults(func=cmd_prompts_check)
 
+    tk = sub.add_parser("token", help="credentials for the HTTP API")
+    tk_sub = tk.add_subparsers(dest="token_command", parser_class=parser_class, metavar="SUBCOMMAND", required=True)
+    tn = tk_sub.add_parser("node", help="each node's own token (derived from server.node_key): it speaks for that "
+                                        "node only", description="Print one line per node: HOST TOKEN. Give each node "
+                           "its token only (a Slurm prolog, the node's image, a per-node Secret); the server keeps the "
+                           "key alone.")
+    tn.add_argument("hosts", nargs="+", metavar="HOST", help="plain host names, or Slurm hostlists (gpu-node-[01-64])")
+    add_config_arg(tn)
+    tn.set_defaults(func=cmd_token_node)
+    td = tk_sub.add_parser("digest", help="what server.tokens[].sha256 holds for a token (read from stdin)")
+    td.set_defaults(func=cmd_token_digest)
+
     from logdx.synth.cli import build_parser as synth_parser
 
     sy = sub.add_parser("synth", parents=[synth_parser(add_help=False)], help="generate a realistic multi-rank "
                         "training log", description="Write a realistic, deterministic log of a multi-rank training job.")
     sy.set_defaults(func=cmd_synth)
+
+
+def cmd_token_node(args: argparse.Namespace) -> int:
+    from logdx.credentials import derive
+    from logdx.hosts import HostScope, HostScopeError
+
+    key = settings_from(args).server.node_key
+    if not key:
+        raise UsageError("server.node_key is not set (LOGDX_SERVER__NODE_KEY, or server.node_key in the config file)")
+    try:
+        scope = HostScope.parse(args.hosts)
+    except HostScopeError as e:
+        raise UsageError(str(e)) from None
+    if scope.is_everywhere:
+        raise UsageError("'*' is no node: name the nodes")
+    for host in scope.hosts():
+        print(host, derive(key, host))
+    return EXIT_OK
+
+
+def cmd_token_digest(args: argparse.Namespace) -> int:
+    import hashlib
+    import sys
+
+    token = sys.stdin.readline().strip()
+    if not token:
+        raise UsageError("no token on stdin")
+    print(hashlib.sha256(token.encode()).hexdigest())
+    return EXIT_OK
 
 
 def cmd_rules_test(args: argparse.Namespace) -> int:

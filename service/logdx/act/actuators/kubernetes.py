@@ -48,23 +48,9 @@ class KubernetesActuator:
 
     def _core_api(self) -> Any:
         if self._api is None:
-            from kubernetes import client, config
+            from kubernetes import client
 
-            s = self.settings
-            if s.api:
-                cfg = client.Configuration()
-                cfg.host = s.api.rstrip("/")
-                if s.token:
-                    cfg.api_key = {"BearerToken": s.token}
-                    cfg.api_key_prefix = {"BearerToken": "Bearer"}
-                api_client = client.ApiClient(cfg)
-            else:
-                try:
-                    config.load_incluster_config()
-                except config.ConfigException:
-                    config.load_kube_config()
-                api_client = client.ApiClient()
-            self._api = client.CoreV1Api(api_client)
+            self._api = client.CoreV1Api(api_client(self.settings.api, self.settings.token))
         return self._api
 
     def cordon(self, node: NodeName, job_id: str, report: Report) -> str:
@@ -129,6 +115,25 @@ class KubernetesActuator:
             pods = api.list_pod_for_all_namespaces(label_selector=selector, _request_timeout=KUBE_TIMEOUT_S)
         nodes = sorted({h for p in pods.items if p.spec and (h := clean_hostname(p.spec.node_name))})
         return nodes or None
+
+
+def api_client(api: str, token: str) -> Any:
+    """A client of the API server `api` with bearer `token`; without `api`, the in-cluster service account, else
+    ~/.kube/config (`kubernetes.client.ApiClient`)."""
+    from kubernetes import client, config
+
+    if api:
+        cfg = client.Configuration()
+        cfg.host = api.rstrip("/")
+        if token:
+            cfg.api_key = {"BearerToken": token}
+            cfg.api_key_prefix = {"BearerToken": "Bearer"}
+        return client.ApiClient(cfg)
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
 
 
 def _other_taints(current: Any) -> list[dict[str, Any]]:
