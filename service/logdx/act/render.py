@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from logdx.act.report import Report
+from logdx.diagnose.culprit import UNVERIFIED
 from logdx.model import FT, Action, Category
 from logdx.taxonomy import advice_of
 
@@ -120,11 +121,16 @@ def _progress_text(report: Report) -> str:
     return "; ".join(parts)
 
 
+def unverified_mark(report: Report) -> str:
+    """What follows a culprit host only a claim named: it will not be cordoned (`culprits.verified`)."""
+    return "" if report.culprits.verified else f" ({UNVERIFIED}: not cordoned)"
+
+
 def _culprit_text(report: Report) -> str:
     c = report.culprits
     parts = []
     if c.hosts:
-        parts.append("host " + ", ".join(c.hosts[:6]))
+        parts.append("host " + ", ".join(c.hosts[:6]) + unverified_mark(report))
     if c.ranks:
         ranks = ", ".join(map(str, c.ranks[:12])) + (f" (+{len(c.ranks) - 12})" if len(c.ranks) > 12 else "")
         parts.append("rank " + ranks)

@@ -16,6 +16,10 @@ any token (loopback only), callers may upload and read, and the operator endpoin
 
 Audits record who acted as the token's name, never a name the caller supplies.
 
+Hosts: each token may speak for some hosts only (`server.tokens[].hosts`: hostlists, or `*` for a collector the
+operator runs; a node's own credential, `api/nodecreds.py` and `logdx.credentials`, for its node). What it says of
+any other host is a claim: kept, reported as unverified, never a reason to cordon (`Principal.hosts`).
+
 Tenants (`logdx.tenancy`): a token of any role may carry a `tenant`. It then writes and reads only its
 tenant's jobs, which are stored as `<tenant>:<name>` (so the same name used by two tenants is two jobs,
 and no tenant can claim another's), their reports and its tenant's incidents; another tenant's job or

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from logdx.act.alerts.base import Alert, clip, dest_key, redact_origin
-from logdx.act.render import recommended_action
+from logdx.act.render import recommended_action, unverified_mark
 from logdx.act.report import Report
 from logdx.model import FT, Category
 from logdx.settings_base import Section
@@ -24,7 +24,8 @@ def culprit_text(report: Report) -> str:
     c = report.culprits
     parts = []
     if c.hosts:
-        parts.append(", ".join(c.hosts[:8]) + (f" (+{len(c.hosts) - 8})" if len(c.hosts) > 8 else ""))
+        parts.append(", ".join(c.hosts[:8]) + (f" (+{len(c.hosts) - 8})" if len(c.hosts) > 8 else "")
+                     + unverified_mark(report))
     if c.ranks:
         parts.append("rank " + ", ".join(str(r) for r in c.ranks[:8]) + (" …" if len(c.ranks) > 8 else ""))
     if c.gpus:
