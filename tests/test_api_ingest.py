@@ -190,7 +190,7 @@ def test_decoder_pieces_are_bounded_and_bombs_refused_early() -> None:
 def test_spool_round_trip_and_torn_tail(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "job.spool")
     runs = [(Source(rank=1, host="h", ts=1.5, stream="stderr"), [b"a", b"", b"c"]), (Source(), [b"d"])]
-    meta, payload = encode_runs(runs)
+    meta, payload = encode_runs(runs, "gpu-node-[01-04]")  # the hosts the sender may speak for travel with the runs
     with spool.locked():
         spool.append(DATA, {"r": "req1", "s": meta}, payload)
         spool.append(END, {"r": "req1", "st": "ok"})
@@ -199,7 +199,10 @@ def test_spool_round_trip_and_torn_tail(tmp_path: Path) -> None:
     records = list(spool.records(0))
     assert [r.type for r in records] == [DATA, END] and records[-1].end == good
     decoded = list(decode_runs(records[0].meta["s"], records[0].payload))
-    assert decoded == [((1, "h", 1.5, "stderr"), [b"a", b"", b"c"]), ((None, None, None, None), [b"d"])]
+    assert decoded == [((1, "h", 1.5, "stderr", "gpu-node-[01-04]"), [b"a", b"", b"c"]),
+                       ((None, None, None, None, "gpu-node-[01-04]"), [b"d"])]
+    # A run spooled before scopes were kept (five fields) speaks for no host.
+    assert list(decode_runs([[None, "h", None, None, 1]], b"x")) == [((None, "h", None, None, ""), [b"x"])]
     with spool.locked():
         spool.truncate(good)
     assert spool.size() == good

@@ -96,6 +96,10 @@ _TRACEBACK_START_BYTES = TRACEBACK_START.encode()
 _MPICH_RANK_HOST = re.compile(r"\[Rank (\d+)\] \[job id [^\]]*\] \[[^\]]*\] \[([A-Za-z][\w.-]*)\]")
 _BOX_HOST = re.compile(r"^\s*host\s+: ([A-Za-z][\w.-]*)\s*$")
 _BOX_RANK = re.compile(r"^\s*rank\s+: (\d+) \(local_rank")
+# What ends one rank's entry of that box: the next entry ("[2]:"), the box's rules, its "Root Cause" part.
+_BOX_END = re.compile(r"^\s*(?:\[\d+\]:\s*$|={8,}|-{8,}|Root Cause|Failures:|\S+ FAILED\s*$)")
+# srun's word on a task: "srun: error: node12: task 5: Out Of Memory", "...: tasks 0-3,6: Exited with exit code 1".
+_SRUN_TASKS = re.compile(r"^srun: error: ([A-Za-z][\w.-]*): tasks? ([\d,-]{1,200}): ")
 # The job's allocation as its scheduler prints it: PBS/Torque mail "Exec host: n1/0+n2/0", qstat -f
 # "exec_host = n1/0*8+n2/0*8", Slurm "SLURM_JOB_NODELIST=n[01-04]" / scontrol "NodeList=n1", LSF's
 # job report "Job was executed on host(s) <8*n1>, <8*n2>, in queue <gpu>".
@@ -340,6 +344,9 @@ class Compressor:
         self._rank_hosts: dict[int, str] = {}
         self._allocated: list[str] | None = None  # the job's nodes, from the scheduler's own lines
         self._box_host: str | None = None  # the "host :" of a torchrun error box, until its "rank :"
+        # The rank (and host) whose entry of that box is being printed: its error lines are that rank's.
+        self._box: tuple[int, str | None] | None = None
+        self._srun_tasks: dict[int, str] = {}  # srun's task -> node, from its error lines
         self._gpu_ranks: dict[str, int] = {}
         self._first_ts: float | None = None
         self._last_ts: float | None = None
@@ -375,6 +382,8 @@ class Compressor:
         if stats.count == 1:
             stats.first_line = line_no
             stats.sample = rec.raw
+        if self._box is not None:
+            self._within_box(rec)
         rank, host, ts = rec.rank, rec.host, rec.ts
         if rank is not None or host is not None:
             self._note_origin(rank, host, stats)
@@ -443,7 +452,7 @@ class Compressor:
             watch=checkpoint or completion or (progress is None and not error and len(key) < len(text) and may_count(text)),
             topology=("NCCL INFO comm" in masked and "busId" in masked) or "[Rank <*>] [job id" in masked
             or _BOX_HOST.match(text) is not None or _BOX_RANK.match(text) is not None
-            or _ALLOCATION.search(text) is not None,
+            or _ALLOCATION.search(text) is not None or _SRUN_TASKS.match(text) is not None,
         )
         shape.stats = stats
         shape.quiet = 0 if error else 1
@@ -538,14 +547,36 @@ class Compressor:
             self._box_host = m.group(1)
             return True
         if (m := _BOX_RANK.match(text)) is not None:
+            rank = int(m.group(1))
             if self._box_host is not None:
-                self._rank_hosts.setdefault(int(m.group(1)), self._box_host)
+                self._rank_hosts.setdefault(rank, self._box_host)
+            self._box = (rank, self._box_host)
             self._box_host = None
+            return True
+        if (m := _SRUN_TASKS.match(text)) is not None:
+            host = clean_hostname(m.group(1))
+            if host is not None:
+                for task in _task_list(m.group(2)):
+                    if len(self._srun_tasks) < self.config.max_ids_per_template:
+                        self._srun_tasks.setdefault(task, host)
             return True
         if (m := _MPICH_RANK_HOST.search(text)) is not None:
             self._rank_hosts.setdefault(int(m.group(1)), m.group(2))
             return True
         return False
+
+    def _within_box(self, rec: Record) -> None:
+        """A line of a rank's entry in torchrun's failure box (its exit code, the traceback of its error file) is
+        that rank's report: it gets the rank (and the host) the entry names, unless its own prefix says another."""
+        assert self._box is not None
+        if _BOX_END.match(rec.text) is not None or _BOX_HOST.match(rec.text) is not None:
+            self._box = None
+            return
+        rank, host = self._box
+        if rec.rank is None:
+            rec.rank = rank
+            if rec.host is None:
+                rec.host = host
 
     def _source(self, key: str) -> _SourceState:
         src = self._sources.get(key)
@@ -817,7 +848,9 @@ class Compressor:
             return None
         return self.group_ids().get(shape.template_id, shape.template_id)
 
-    def summary(self, bytes_in: int = 0, lines_truncated: int = 0) -> CompressionSummary:
+    def summary(self, bytes_in: int = 0, lines_truncated: int = 0, srun_tasks_are_ranks: bool = False) -> CompressionSummary:
+        """`srun_tasks_are_ranks`: srun's labels numbered the job's ranks (not its nodes), so the tasks its error
+        lines name are ranks, and the node they name each one's host."""
         intervals = sorted(s.interval_ema for s in self._sources.values() if s.interval_ema)
         groups = self.group_ids()
         return CompressionSummary(
@@ -835,7 +868,7 @@ class Compressor:
             last_progress_ts=self._last_progress_ts,
             last_finite_loss_line=dict(self._last_finite_loss_line),
             step_interval_s=intervals[len(intervals) // 2] if intervals else None,
-            rank_hosts=dict(self._rank_hosts),
+            rank_hosts={**self._srun_tasks, **self._rank_hosts} if srun_tasks_are_ranks else dict(self._rank_hosts),
             gpu_ranks=dict(self._gpu_ranks),
             allocated_hosts=list(self._allocated or []),
             progress=self._progress(),
@@ -862,6 +895,19 @@ class Compressor:
         if signal is None or signal.divergence is None:
             return []
         return [KeptLine(record=signal.record, template_id=-2, reason="loss", divergence=signal.divergence)]
+
+
+def _task_list(spec: str) -> list[int]:
+    """srun's task list, "0-3,6" -> [0, 1, 2, 3, 6] (at most 4096)."""
+    tasks: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            return []
+        tasks += range(int(lo), min(int(hi or lo), int(lo) + 4096) + 1)
+        if len(tasks) > 4096:
+            return tasks[:4096]
+    return tasks
 
 
 def allocation_hosts(spec: str) -> list[str]:

@@ -238,4 +238,8 @@ def _verdict_problems(test: PackTest, report: Report) -> list[str]:
     root = report.root_cause.line_no if report.root_cause is not None else None
     if test.root_line is not None and root != test.root_line:
         out.append(f"verdict root line {root}, expected {test.root_line}")
+    if test.hosts is not None and tuple(report.culprits.hosts) != test.hosts:
+        out.append(f"verdict culprit hosts {report.culprits.hosts}, expected {list(test.hosts)}")
+    if test.ranks is not None and tuple(report.culprits.ranks) != test.ranks:
+        out.append(f"verdict culprit ranks {report.culprits.ranks}, expected {list(test.ranks)}")
     return out

@@ -237,6 +237,7 @@ class Normalizer:
         # A pasted terminal session names its host once, in the prompt.
         self._session_host: str | None = None
         self._srun_labels_nodes = False
+        self.srun_labels_ranks = False  # srun's labels gave lines their rank
         # line with its digits read as 0 -> how to peel it (see _plan)
         self._plans: dict[bytes, tuple[tuple[tuple, ...], int]] = {}
         self._cache_limit = min(max_line_bytes, _PLAN_MAX_BYTES)
@@ -245,6 +246,11 @@ class Normalizer:
         # host ("" when none) -> when it booted, from a line with both a wall clock and a boot clock
         self._boots: dict[str, float] = {}
         self._boot_s: float | None = None  # the boot clock of the line being read
+
+    @property
+    def srun_tasks_are_ranks(self) -> bool:
+        """srun's labels number the job's ranks (`srun -l python train.py`), not its nodes (`srun -l torchrun`)."""
+        return self.srun_labels_ranks and not self._srun_labels_nodes
 
     @property
     def year_known(self) -> bool:
@@ -339,6 +345,7 @@ class Normalizer:
             elif kind == _F_SRUN:
                 if not self._srun_labels_nodes:
                     rec.rank = int(line[step[1]:step[2]])
+                    self.srun_labels_ranks = True
             elif kind == _F_NESTED:
                 # `srun -l torchrun ...`: "5: [rank44]: ..." - srun's label numbers the node's task, so
                 # on the agent's own lines ("5: Sending process ...") it is no rank either.
@@ -444,6 +451,10 @@ class Normalizer:
                 break
             end = m.end()
             text, at = text[end:], at + end
+        if text.startswith("slurmstepd"):
+            # srun labels what its step daemon says with a task of the node it runs on: the daemon is no rank.
+            steps = [step for step in steps if step[0] != _F_SRUN]
+            known.discard("rank")
         steps.extend(_message_steps(text, at, "ts" in known, "rank" in known))
         if nests and any(step[0] == _F_SRUN for step in steps):
             steps.insert(0, (_F_NESTED,))

@@ -112,6 +112,9 @@ def is_traceback_body(text: str) -> bool:
 _MESSAGE_LABEL = re.compile(r"\s*[A-Za-z_][\w.]*:\s*$")  # "IndexError: ", "ERROR:root:" - part of the message
 
 
+_BOX_FIELD = re.compile(r"^(\s+)traceback\s*:\s*$")
+
+
 def traceback_prefix(text: str) -> str:
     """What a logger put before "Traceback (most recent call last)" on its line ("" if nothing).
 
@@ -123,6 +126,10 @@ def traceback_prefix(text: str) -> str:
     if at <= 0:
         return ""
     prefix = text[:at]
+    if (box := _BOX_FIELD.match(prefix)) is not None:
+        # torchrun's failure box ("  traceback : Traceback ..."): the error file's lines follow at the box's
+        # indent, the frames further in; the indent is what every line of it carries.
+        return box.group(1)
     return "" if _MESSAGE_LABEL.match(prefix) else prefix
 
 

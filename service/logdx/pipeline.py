@@ -487,7 +487,8 @@ class Session:
         return build_report(diagnosis, summary, timings)
 
     def _summary(self) -> CompressionSummary:
-        summary = self.compressor.summary(bytes_in=self.normalizer.bytes_in, lines_truncated=self.normalizer.truncated)
+        summary = self.compressor.summary(bytes_in=self.normalizer.bytes_in, lines_truncated=self.normalizer.truncated,
+                                          srun_tasks_are_ranks=self.normalizer.srun_tasks_are_ranks)
         if self.trusted is not None and not self._everywhere_only:
             summary.trusted_hosts = frozenset(self.trusted)
         return summary

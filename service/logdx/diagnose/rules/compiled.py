@@ -37,6 +37,8 @@ class PackTest:
     failure_type: str | None = None
     action: str | None = None
     root_line: int | None = None
+    hosts: tuple[str, ...] | None = None  # the culprit, when the test states it
+    ranks: tuple[int, ...] | None = None
 
     def where(self) -> str:
         return f"{self.file}:{self.line}: test '{self.name}'"

@@ -237,6 +237,8 @@ def _load_test(raw: Any, pack: str, shown: str, lines: _Lines, data: Any, tpath:
         status=v.status if v else None, category=v.category if v else None,
         failure_type=v.failure_type if v else None, root_line=v.root_line if v else None,
         action=v.action.value if v and v.action else None,
+        hosts=tuple(v.hosts) if v and v.hosts is not None else None,
+        ranks=tuple(v.ranks) if v and v.ranks is not None else None,
     )
 
 

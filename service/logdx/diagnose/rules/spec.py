@@ -105,6 +105,8 @@ class VerdictExpect(BaseModel):
     failure_type: _NonEmpty | None = None
     action: _Action | None = None
     root_line: _LineIndex | None = None
+    hosts: list[_NonEmpty] | None = None  # the culprit hosts, exactly ([]: none)
+    ranks: list[int] | None = None  # the culprit ranks, exactly ([]: none)
 
 
 class PackTestSpec(BaseModel):
