@@ -27,12 +27,12 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from logdx.synth.folders import KERNEL_CLOCKS, LAYOUTS, FolderTruth, write_job_folder
 
 SCENARIOS = ("xid79", "ecc", "nvlink", "ib_error", "node_lost", "cuda_oom", "host_oom", "disk_full", "key_error",
              "nccl_hang", "healthy")
@@ -45,6 +45,8 @@ def verdict(report: dict[str, Any]) -> tuple:
 
 
 def cases(n: int, seed: int, only: str | None) -> list[dict[str, Any]]:
+    from logdx.synth.folders import KERNEL_CLOCKS, LAYOUTS
+
     rng = random.Random(seed)
     scenarios = [s for s in SCENARIOS if only is None or only in s]
     out = []
@@ -60,7 +62,7 @@ def cases(n: int, seed: int, only: str | None) -> list[dict[str, Any]]:
 # -- the CLI ------------------------------------------------------------------------------------------------
 
 
-def cli_reports(engine: Any, folder: Path, ft: FolderTruth, orders: int, rng: random.Random) -> list[dict]:
+def cli_reports(engine: Any, folder: Path, ft: Any, orders: int, rng: random.Random) -> list[dict]:
     from logdx.cli.diagnose import diagnose_files
     from logdx.cli.inputs import collect
 
@@ -130,7 +132,7 @@ class Service:
             return r.json()
 
 
-def upload_orders(ft: FolderTruth, orders: int, rng: random.Random, chunk: int = 400) -> list[list[tuple[str, list[str]]]]:
+def upload_orders(ft: Any, orders: int, rng: random.Random, chunk: int = 400) -> list[list[tuple[str, list[str]]]]:
     """Shuffled upload orders: whole files one after another, and chunks of every file interleaved."""
     chunks = [[(f.host, list(f.lines[i:i + chunk])) for i in range(0, len(f.lines), chunk)] for f in ft.files if f.lines]
     out: list[list[tuple[str, list[str]]]] = []
@@ -165,6 +167,42 @@ def score(truth: Any, report: dict) -> dict[str, bool | None]:
     }
 
 
+def _folders(args: argparse.Namespace, root: Path) -> Iterator[tuple[Path, Any, str]]:
+    """(folder, its truth, its name) of every case: generated (and kept), or read back from --cases-from."""
+    if args.cases_from:
+        for entry in json.loads((Path(args.cases_from) / "cases.json").read_text()):
+            folder = Path(args.cases_from) / entry["folder"]
+            files = [_File(f["path"], f["host"], tuple((folder / f["path"]).read_text().splitlines()))
+                     for f in entry["files"]]
+            yield folder, _Truth(entry["truth"], files), entry["name"]
+        return
+    from logdx.synth.folders import write_job_folder
+
+    kept = []
+    for i, case in enumerate(cases(args.cases, args.seed, args.only)):
+        folder = root / f"case{i:03d}"
+        ft = write_job_folder(folder, **case)
+        name = f"{case['scenario']}/{case['layout']}/{case['kernel_clock']}/s{case['seed']}"
+        kept.append({"folder": folder.name, "name": name, "truth": ft.truth.to_dict(),
+                     "files": [{"path": f.path, "host": f.host} for f in ft.files]})
+        yield folder, ft, name
+    if args.keep:
+        (root / "cases.json").write_text(json.dumps(kept, indent=1))
+
+
+class _File:
+    def __init__(self, path: str, host: str, lines: tuple[str, ...]) -> None:
+        self.path, self.host, self.lines = path, host, lines
+
+
+class _Truth:
+    """A kept case read back: its generator's truth (attributes) and files."""
+
+    def __init__(self, truth: dict[str, Any], files: list[_File]) -> None:
+        self.truth = type("Truth", (), truth)()
+        self.files = files
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", type=int, default=33)
@@ -173,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=None, help="scenarios whose name contains this")
     p.add_argument("--no-http", action="store_true")
     p.add_argument("--json", default=None, metavar="FILE")
+    p.add_argument("--keep", default=None, metavar="DIR", help="write the cases' folders here (and cases.json)")
+    p.add_argument("--cases-from", default=None, metavar="DIR",
+                   help="diagnose the folders --keep wrote instead of generating them (another logdx on PYTHONPATH "
+                        "measures the same cases)")
     args = p.parse_args(argv)
 
     from logdx.testing import rules_engine
@@ -184,11 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     misses: list[str] = []
     records = []
     with tempfile.TemporaryDirectory() as tmp, (Service(Path(tmp) / "svc") if not args.no_http else _Null()) as svc:
-        for i, case in enumerate(cases(args.cases, args.seed, args.only)):
-            folder = Path(tmp) / f"case{i:03d}"
-            ft = write_job_folder(folder, **case)
-            case = {k: v for k, v in case.items() if k != "start"}
-            name = f"{case['scenario']}/{case['layout']}/{case['kernel_clock']}/s{case['seed']}"
+        for i, (folder, ft, name) in enumerate(_folders(args, Path(args.keep or tmp))):
             faces = {"cli": cli_reports(engine, folder, ft, args.orders, rng)}
             if not args.no_http:
                 faces["http"] = [svc.diagnose(f"case{i:03d}-o{k}", posts)
