@@ -106,6 +106,7 @@ _SRUN_TASKS = re.compile(r"^srun: error: ([A-Za-z][\w.-]*): tasks? ([\d,-]{1,200
 _ALLOCATION = re.compile(
     r"(?:\bExec host:|\bexec_host = |\bSLURM_(?:JOB_)?NODELIST=|\bNodeList=|\bexecuted on host\(s\) )\s*(.+)")
 _MAX_ALLOCATION = 4096
+_MAX_BOXES = 4096
 _HOSTLIST_PART = re.compile(r"(?:[^,\[]|\[[^\]]*\])+")  # a comma inside brackets is a range's
 _NCCL_COMM = re.compile(r"NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nr?[Rr]anks \d+ cudaDev (\d+)(?: nvmlDev \d+)? busId ([0-9a-fA-F]+)")
 
@@ -347,6 +348,7 @@ class Compressor:
         # The rank (and host) whose entry of that box is being printed: its error lines are that rank's.
         self._box: tuple[int, str | None] | None = None
         self._srun_tasks: dict[int, str] = {}  # srun's task -> node, from its error lines
+        self._boxes: list[tuple[int, int, int]] = []  # (first line, last line, rank) of ranks' entries in that box
         self._gpu_ranks: dict[str, int] = {}
         self._first_ts: float | None = None
         self._last_ts: float | None = None
@@ -552,6 +554,8 @@ class Compressor:
                 self._rank_hosts.setdefault(rank, self._box_host)
             self._box = (rank, self._box_host)
             self._box_host = None
+            if len(self._boxes) < _MAX_BOXES:
+                self._boxes.append((self.lines_in, self.lines_in, rank))
             return True
         if (m := _SRUN_TASKS.match(text)) is not None:
             host = clean_hostname(m.group(1))
@@ -577,6 +581,9 @@ class Compressor:
             rec.rank = rank
             if rec.host is None:
                 rec.host = host
+        if self._boxes and self._boxes[-1][2] == rank:
+            first, _, _ = self._boxes[-1]
+            self._boxes[-1] = (first, rec.line_no, rank)
 
     def _source(self, key: str) -> _SourceState:
         src = self._sources.get(key)
@@ -871,6 +878,8 @@ class Compressor:
             rank_hosts={**self._srun_tasks, **self._rank_hosts} if srun_tasks_are_ranks else dict(self._rank_hosts),
             gpu_ranks=dict(self._gpu_ranks),
             allocated_hosts=list(self._allocated or []),
+            failure_boxes=list(self._boxes),
+            srun_task_hosts=dict(self._srun_tasks) if srun_tasks_are_ranks else {},
             progress=self._progress(),
         )
 

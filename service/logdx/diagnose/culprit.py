@@ -66,7 +66,9 @@ def _from_root(winner: Finding, findings: Sequence[Finding], summary: Compressio
         return Attribution(gpus=out.gpus, notes=out.notes)
     rank = hit.rank
     if host is None and rank is not None and rank in summary.rank_hosts:
-        host, basis = _checked(summary.rank_hosts[rank], summary, out, trusted=True), "the rank's own lines name its host"
+        host = _checked(summary.rank_hosts[rank], summary, out, trusted=True)
+        basis = "srun's error on the task names its node" if summary.srun_task_hosts.get(rank) == host \
+            else "the rank's own lines name its host"
     if host is None and rank is None:
         host, rank, basis = _linked(winner, findings, summary)
     if host is None and len(summary.allocated_hosts) == 1:
@@ -115,8 +117,14 @@ def _host_of_root(winner: Finding, summary: CompressionSummary, out: Attribution
     if hit.line.host:
         host = _checked(hit.line.host, summary, out, trusted=True)
         if host is not None:
+            if _in_failure_box(hit.line.line_no, summary):
+                return host, "torchrun's failure summary names its rank and host"
             return host, "the root line's own host (prefix or stream)"
     return None, ""
+
+
+def _in_failure_box(line_no: int, summary: CompressionSummary) -> bool:
+    return any(first <= line_no <= last for first, last, _ in summary.failure_boxes)
 
 
 def _one_unnamed_machine(summary: CompressionSummary) -> bool:
