@@ -175,3 +175,27 @@ def test_a_line_the_job_ran_past_before_does_not_withhold_health_at_the_end(engi
             "({n} > 8192). Running this sequence through the model will result in indexing errors")
     lines = steps(1, 10) + [warn.format(n=9001)] + steps(11, 30) + [warn.format(n=12544)]
     assert diagnose_lines(engine, lines).status == "healthy"
+
+
+# -- what every face does with `unknown` ------------------------------------------------------------------
+
+
+def test_an_unknown_report_acts_on_nothing_and_says_so(engine: Engine) -> None:
+    """The report of a log that shows nothing: no cordon (even with a culprit host on it), no restart of a
+    `logdx run` attempt for it, and `unknown` in `logdx run`'s history."""
+    from logdx.act.policy import cordon_refusal
+    from logdx.config import ActionsSettings
+    from logdx.run.options import Attempt, RunOptions
+    from logdx.run.restart import restart_decision
+    from logdx.run.supervisor import history_table
+    from logdx.testing import failed_report
+
+    report = diagnose_lines(engine, ["Loading config from /etc/train.yaml", "Building model: 7B parameters"])
+    assert report.status == "unknown"
+    unknown = failed_report(status="unknown")  # a culprit host and a cordon action left on it: still nothing
+    assert cordon_refusal(unknown, ActionsSettings()) is not None
+    assert cordon_refusal(failed_report(), ActionsSettings()) is None
+    attempt = Attempt(number=1, argv=["train.py"], started_at=0.0, exit_code=1, report=report)
+    restart, why = restart_decision(attempt, RunOptions(command=["train.py"], job_id="j"), ActionsSettings())
+    assert not restart and "restart-on" in why
+    assert "unknown" in history_table([attempt]).splitlines()[1]
