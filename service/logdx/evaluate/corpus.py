@@ -221,10 +221,15 @@ def calibration(results: list[CaseResult]) -> list[dict[str, float | int | str]]
 
 
 def confusion(results: list[CaseResult]) -> dict[str, int]:
+    """The two costly mistakes, and the reports that said neither: ``unknown`` (the log showed no failure
+    and no health) is no crash called healthy and no healthy run called failed, but a status miss on both."""
     crashes = [r for r in results if not is_healthy_label(r.label)]
     healthy = [r for r in results if is_healthy_label(r.label)]
     return {"crashes": len(crashes), "crashes_called_healthy": sum(r.report.status == "healthy" for r in crashes),
-            "healthy": len(healthy), "healthy_called_failed": sum(r.report.status != "healthy" for r in healthy)}
+            "healthy": len(healthy), "healthy_called_failed": sum(r.report.status == "failed" for r in healthy),
+            "unknown": sum(r.report.status == "unknown" for r in results), "runs": len(results),
+            "crashes_unknown": sum(r.report.status == "unknown" for r in crashes),
+            "healthy_unknown": sum(r.report.status == "unknown" for r in healthy)}
 
 
 def summarize(results: list[CaseResult], fields: tuple[str, ...] = FIELDS) -> dict[str, dict[str, float | int]]:
