@@ -12,7 +12,7 @@ import pytest
 from logdx.act.report import Culprits, Report, RootCause
 from logdx.config import load_settings
 from logdx.evaluate import main, report_divergence_step, score_job
-from logdx.evaluate.corpus import CaseResult, confusion
+from logdx.evaluate.corpus import CaseResult, calibration, confusion
 from logdx.evaluate.runner import Cascade, diagnose_log, generated
 from logdx.pipeline import Engine
 from logdx.synth.hangs import silent_rank_hang
@@ -62,6 +62,9 @@ def test_unknown_is_a_status_miss_on_both_but_neither_costly_mistake() -> None:
         [("failed", "unknown"), ("healthy", "unknown"), ("failed", "healthy"), ("healthy", "failed"), ("healthy", "healthy")])]
     assert confusion(views) == {"crashes": 2, "crashes_called_healthy": 1, "healthy": 3, "healthy_called_failed": 1,
                                 "unknown": 2, "runs": 5, "crashes_unknown": 1, "healthy_unknown": 1}
+    for v in views:
+        v.correct = {"status": v.report.status == v.label["status"]}
+    assert sum(int(row["n"]) for row in calibration(views)) == 3  # an unknown report claims nothing: no point of it
 
 
 def test_the_outside_scorer_counts_unknown_apart() -> None:

@@ -210,10 +210,12 @@ _CALIBRATION_BINS = (0.0, 0.5, 0.7, 0.8, 0.9, 1.01)
 
 
 def calibration(results: list[CaseResult]) -> list[dict[str, float | int | str]]:
-    """Per band of confidence: how many reports, and how many of them were right."""
+    """Per band of confidence: how many reports, and how many of them were right. An ``unknown`` report
+    claims neither a failure nor health: it is no point of the calibration (the confusion counts it)."""
     rows: list[dict[str, float | int | str]] = []
+    claims = [r for r in results if r.report.status != "unknown"]
     for lo, hi in zip(_CALIBRATION_BINS, _CALIBRATION_BINS[1:]):
-        band = [r for r in results if lo <= r.report.confidence < hi]
+        band = [r for r in claims if lo <= r.report.confidence < hi]
         right = sum(is_right(r) for r in band)
         rows.append({"band": f"{lo:.1f}-{min(hi, 1.0):.1f}", "n": len(band), "right": right,
                      "accuracy": round(right / len(band), 3) if band else 0.0})
