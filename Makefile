@@ -93,9 +93,11 @@ lint: $(STAMP)
 
 # Accuracy. The labelled real failure logs (our corpus, eval/corpus: a source URL and a thread-settled
 # label each; the shared development sample), each of them buried in a realistic long multi-rank job,
-# and whole jobs written by logdx.synth: long healthy runs, hangs, divergences. One table per set
-# (status, category, action, failure type, root line, culprit, crashes called healthy, healthy runs
-# called failed; also with the exit code known), one row per cascade (rules; default), then a summary.
+# and whole jobs written by logdx.synth: long healthy runs, hangs, divergences, short pasted excerpts that
+# end in a fatal exception, healthy runs with teardown noise and kernel lines past their end. One table
+# per set (status, category, action, failure type, root line, culprit, crashes called healthy, healthy
+# runs called failed, reports that said unknown; also with the exit code known), one row per cascade
+# (rules; default), then a summary. Every set of logdx.evaluate's ALL_SETS runs unless EVAL_ARGS narrows it.
 # `make eval` runs everything and what each later stage adds on the excerpts (leave-one-out);
 # `make eval-quick` is rules only on every set (a few minutes: for iterating).
 EVAL_SETS ?= eval/corpus $(SHARED)/failures-dev
@@ -111,7 +113,7 @@ eval-buried: $(STAMP)
 	$(PY) -m logdx.evaluate $(EVAL_SETS) --sets excerpts,buried --no-llm --no-retrieval --per-case $(BURY) $(EVAL_ARGS)
 
 eval-jobs: $(STAMP)
-	$(PY) -m logdx.evaluate --sets healthy,hangs,divergence --quick $(EVAL_ARGS)
+	$(PY) -m logdx.evaluate --sets healthy,hangs,divergence,pasted,teardown --quick $(EVAL_ARGS)
 
 # The error catalog (service/logdx/kb/catalog.jsonl.gz) from the frameworks' own code, at the versions
 # pinned in tools/catalog/sources.toml; downloads from PyPI are cached in .cache/catalog.

@@ -181,10 +181,11 @@ def test_only_sure_corroborated_infrastructure_diagnoses_with_valid_names_act(ku
         assert all(r.node is None for r in cordons)
 
 
-def test_healthy_reports_do_nothing_and_audit_nothing(kube, db):
-    healthy = make_report(status="healthy", category=None, failure_type=None, action="none", root_cause=None)
+@pytest.mark.parametrize("status", ["healthy", "unknown"])
+def test_healthy_or_unknown_reports_do_nothing_and_audit_nothing(kube, db, status):
+    report = make_report(status=status, category=None, failure_type=None, action="none", root_cause=None)
     actions = Actions(db, kube_settings(kube))
-    assert actions.apply("job-1", healthy) == []
+    assert actions.apply("job-1", report) == []
     assert actions.audit() == []
 
 

@@ -224,6 +224,8 @@ def test_nothing_is_queued_for_healthy_or_unsure_reports_or_without_destinations
     out = Outbox(db, settings(rx, min_confidence=0.9))
     healthy = make_report(status="healthy", category=None, failure_type=None, action="none", root_cause=None)
     assert out.enqueue("job-1", healthy) is False
+    unknown = healthy.model_copy(update={"status": "unknown", "confidence": 0.95})  # neither shown: nothing to page for
+    assert out.enqueue("job-1", unknown) is False
     assert out.enqueue("job-1", make_report(confidence=0.5)) is False
     assert Outbox(db, AlertsSettings()).enqueue("job-1", make_report()) is False
     assert out.pending() == []

@@ -267,8 +267,12 @@ def test_one_shot_diagnose_streamed(server: Server) -> None:
         assert {k: report[k] for k in EXPECTED} == EXPECTED
         assert report["compression"]["lines_in"] == total
         assert c.get(f"/v1/reports/{report['id']}").json()["id"] == report["id"]
-        healthy = c.post("/v1/diagnose", content=b"[rank0]: iteration 1/ 10 | lm loss: 2.3\n" * 50).json()
+        steps = "".join(f"[rank0]: iteration {i:3d}/ 100 | lm loss: 2.3\n" for i in range(1, 51)).encode()
+        healthy = c.post("/v1/diagnose", content=steps).json()
         assert healthy["status"] == "healthy" and healthy["action"] == "none"
+        # The same step fifty times shows no training going on: no failure, and no health either.
+        same = c.post("/v1/diagnose", content=b"[rank0]: iteration 1/ 10 | lm loss: 2.3\n" * 50).json()
+        assert same["status"] == "unknown" and same["action"] == "none" and same["category"] is None
 
 
 def test_feedback_and_incident_crud(server: Server) -> None:

@@ -12,6 +12,7 @@ import pytest
 from logdx.act.report import Culprits, Report, RootCause
 from logdx.config import load_settings
 from logdx.evaluate import main, report_divergence_step, score_job
+from logdx.evaluate.corpus import CaseResult, calibration, confusion
 from logdx.evaluate.runner import Cascade, diagnose_log, generated
 from logdx.pipeline import Engine
 from logdx.synth.hangs import silent_rank_hang
@@ -51,6 +52,39 @@ def test_a_healthy_job_is_scored_on_its_status_only() -> None:
     ok = JobTruth(kind="healthy", status="healthy", category=None, failure_type=None, action="none", exit_code=0)
     assert score_job(ok, _report("healthy")) == {"status": True, **dict.fromkeys(("category", "action", "failure_type", "root_line", "culprit", "culprit_rank", "culprit_host", "step"))}
     assert score_job(ok, _report("failed"))["status"] is False
+
+
+def test_unknown_is_a_status_miss_on_both_but_neither_costly_mistake() -> None:
+    ok = JobTruth(kind="healthy", status="healthy", category=None, failure_type=None, action="none", exit_code=0)
+    assert score_job(ok, _report("unknown"))["status"] is False
+    assert score_job(HANG, _report("unknown"))["status"] is False
+    views = [CaseResult(str(i), {"status": want}, _report(got)) for i, (want, got) in enumerate(
+        [("failed", "unknown"), ("healthy", "unknown"), ("failed", "healthy"), ("healthy", "failed"), ("healthy", "healthy")])]
+    assert confusion(views) == {"crashes": 2, "crashes_called_healthy": 1, "healthy": 3, "healthy_called_failed": 1,
+                                "unknown": 2, "runs": 5, "crashes_unknown": 1, "healthy_unknown": 1}
+    for v in views:
+        v.correct = {"status": v.report.status == v.label["status"]}
+    assert sum(int(row["n"]) for row in calibration(views)) == 3  # an unknown report claims nothing: no point of it
+
+
+def test_the_outside_scorer_counts_unknown_apart() -> None:
+    """eval/heldout/score.py (standalone, no logdx import): unknown is a status miss on a failed and a healthy
+    label alike, never a crash called healthy nor a healthy run called failed, and it has its own line."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "eval" / "heldout" / "score.py"
+    spec = importlib.util.spec_from_file_location("heldout_score", path)
+    assert spec is not None and spec.loader is not None
+    score = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(score)
+    labels = [{"id": "1", "status": "failed", "category": "script", "failure_type": "syntax_error", "action": "no_restart"},
+              {"id": "2", "status": "healthy", "action": "none"}, {"id": "3", "status": "failed", "action": "restart"},
+              {"id": "4", "status": "healthy", "action": "none"}]
+    reports = {"1": {"status": "unknown", "action": "none"}, "2": {"status": "unknown", "action": "none"},
+               "3": {"status": "healthy", "action": "none"}, "4": {"status": "failed", "action": "restart"}}
+    res = score.score_set("s", labels, reports)
+    assert res["metrics"]["status"] == [0, 4]
+    assert (res["crash_called_healthy"], res["healthy_called_failed"], res["unknown"]) == (["3"], ["4"], ["1", "2"])
 
 
 def test_the_divergence_step_is_read_from_the_report_when_it_has_one() -> None:

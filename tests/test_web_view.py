@@ -102,6 +102,16 @@ def test_every_kind_of_job_has_a_page_with_one_root_at_most(engine: Engine, scen
     assert data is not None and json.loads(data.group(1))  # a NaN loss is no point of the curve: valid JSON
 
 
+def test_a_log_that_shows_neither_failure_nor_health_has_an_unknown_page(engine: Engine) -> None:
+    session = engine.new_session()
+    session.feed_lines(["Loading config from /etc/train.yaml", "Building model: 7B parameters"])
+    report = session.report()
+    html = render_job_page(build_view("u", report, session), Done(served=False), inline=True)
+    assert report.status == "unknown"
+    assert 'class="verdict unknown none"' in html and '<span class="pill unknown">unknown</span>' in html
+    assert "nothing shows the job went well" in html and 'id="root-marker"' not in html
+
+
 def test_text_from_the_log_is_escaped(engine: Engine) -> None:
     session = engine.new_session()
     session.feed_lines(["step 1 loss 2.0", "<script>alert(1)</script> Traceback (most recent call last):",

@@ -8,7 +8,9 @@ action, culprit_hosts, culprit_ranks, root_line, root_line_alt, ...). The CLI ru
 `DIAGNOSE CASE.log --json ARGS`; its report is compared with the label. Standalone: no import of the tool under test.
 
 Rules (also in eval/heldout/README.md):
-  status        failed / healthy ("empty" counts as healthy: no failure reported)
+  status        failed / healthy ("empty" counts as healthy: no failure reported) / unknown (the tool says the log
+                shows neither a failure nor health): unknown is a status miss on a failed and on a healthy label alike,
+                but neither a crash called healthy nor a healthy run called failed; it is counted on its own line
   category      equal; a healthy label expects no category
   failure_type  equal to failure_type or one of failure_type_alt
   action        equal; label actions fix_script / fix_config (older label sets) mean no_restart
@@ -98,7 +100,8 @@ def load_labels(d: Path) -> list[dict]:
 def norm_status(rep: dict) -> str:
     if "error" in rep:
         return "error"
-    return "failed" if rep.get("status") == "failed" else "healthy"
+    status = rep.get("status")
+    return status if status in ("failed", "unknown") else "healthy"
 
 
 def score_set(name: str, labels: list[dict], reports: dict[str, dict]) -> dict:
@@ -106,6 +109,7 @@ def score_set(name: str, labels: list[dict], reports: dict[str, dict]) -> dict:
     misses: dict[str, list[tuple[str, str, str]]] = {k: [] for k in metrics}
     crash_healthy: list[str] = []
     healthy_failed: list[str] = []
+    unknown: list[str] = []
     subsets = {"hang": [0, 0, 0, 0], "divergence": [0, 0, 0, 0]}   # n, status ok, type ok, culprit ok (of scored)
 
     def tally(metric: str, ok: bool, cid: str, want: object, got: object) -> None:
@@ -121,10 +125,12 @@ def score_set(name: str, labels: list[dict], reports: dict[str, dict]) -> dict:
         st = norm_status(rep)
         want_status = lab["status"]
         tally("status", st == want_status, cid, want_status, rep.get("error") or st)
-        if want_status == "failed" and st != "failed":
+        if want_status == "failed" and st == "healthy":
             crash_healthy.append(cid)
         if want_status == "healthy" and st == "failed":
             healthy_failed.append(cid)
+        if st == "unknown":
+            unknown.append(cid)
         got_cat = rep.get("category") if st == "failed" else None
         tally("category", got_cat == lab.get("category"), cid, lab.get("category"), got_cat)
         want_types = {lab.get("failure_type")} | set(lab.get("failure_type_alt") or [])
@@ -154,7 +160,7 @@ def score_set(name: str, labels: list[dict], reports: dict[str, dict]) -> dict:
             s[2] += type_ok
             s[3] += bool(culprit_ok)
     return {"set": name, "n": len(labels), "metrics": metrics, "misses": misses, "crash_called_healthy": crash_healthy,
-            "healthy_called_failed": healthy_failed, "subsets": subsets,
+            "healthy_called_failed": healthy_failed, "unknown": unknown, "subsets": subsets,
             "n_healthy": sum(1 for x in labels if x["status"] == "healthy"),
             "n_culprit": sum(1 for x in labels if x.get("culprit_hosts") or x.get("culprit_ranks"))}
 
@@ -170,6 +176,7 @@ def print_report(res: dict, show_misses: bool) -> None:
         print(f"  {k:<13} {pct(*m[k])}")
     print(f"  crashes called healthy: {len(res['crash_called_healthy'])} {res['crash_called_healthy']}")
     print(f"  healthy called failed:  {len(res['healthy_called_failed'])} {res['healthy_called_failed']}")
+    print(f"  unknown:                {len(res.get('unknown', []))} {res.get('unknown', [])}")
     for kind, (n, st, ty, cu) in res["subsets"].items():
         if n:
             print(f"  {kind:<11} n={n}: reported failed {st}/{n}, type right {ty}/{n}, culprit right {cu}")

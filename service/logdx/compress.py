@@ -697,7 +697,7 @@ class Compressor:
     def _watch_shape(self, key: bytes, shape: _Shape, rec: Record, source_key: str) -> None:
         """A line that may say a checkpoint was saved, or may turn out to be a counter."""
         if shape.completion:
-            self.timeline.note_completion(rec.line_no)
+            self.timeline.note_completion(rec.line_no, rec.ts)
             return
         if shape.checkpoint:
             step = checkpoint_step_of(rec.text)

@@ -245,6 +245,8 @@ class ProgressSummary:
     recovered_spikes: list[Divergence] = field(default_factory=list)
     checkpoints: list[tuple[int, int]] = field(default_factory=list)  # (step, line_no) saved
     completed_line: int = 0  # the last line that said the run's training is over (0: none said so)
+    completed_ts: float | None = None  # its time (the last completion line's that said one)
+    completed_advances: int = 0  # how often the job had advanced (job_advances) when it was said
     # Every source's last line of any kind (line_no, ts): which rank went quiet first.
     last_output: dict[str, tuple[int, float | None]] = field(default_factory=dict)
     quiet: dict[str, int] = field(default_factory=dict)  # per source, lines without an error word
@@ -400,7 +402,7 @@ class StoppedFirst:
 
 @dataclass(slots=True)
 class Diagnosis:
-    status: str  # "failed" | "healthy" | "empty" (no log text at all)
+    status: str  # "failed" | "healthy" | "unknown" (neither shown) | "empty" (no log text at all)
     label: Label | None
     confidence: float
     root: Record | None

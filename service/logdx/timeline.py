@@ -436,6 +436,8 @@ class Timeline:
         self.recovered_spikes: list[Divergence] = []
         self.checkpoints: list[tuple[int, int]] = []  # (step, line_no)
         self.completed_line = 0  # the last line that said training is over (0: none)
+        self.completed_ts: float | None = None  # and its time, when it says one
+        self.completed_advances = 0  # how often the job had advanced when it was said
         self.last_loss: float | None = None  # the loss the last progress line gave (None: none)
         self.learners: dict[bytes, Learner] = {}
         self._by_feed: dict[int, list[str]] = {}  # stream -> the sources whose progress came in on it
@@ -825,8 +827,12 @@ class Timeline:
 
     # -- checkpoints, completion, learning ----------------------------------------------------------------
 
-    def note_completion(self, line_no: int) -> None:
-        self.completed_line = max(self.completed_line, line_no)
+    def note_completion(self, line_no: int, ts: float | None = None) -> None:
+        if line_no >= self.completed_line:
+            self._flush_all()  # the advances so far, exactly (completion lines are few)
+            self.completed_line = line_no
+            self.completed_ts = ts if ts is not None else self.completed_ts
+            self.completed_advances = sum(s.advances for s in self._sources.values())
 
     def note_checkpoint(self, step: int, line_no: int) -> None:
         if any(s == step for s, _ in self.checkpoints[-4:]):
@@ -886,6 +892,8 @@ class Timeline:
             recovered_spikes=list(self.recovered_spikes),
             checkpoints=list(self.checkpoints),
             completed_line=self.completed_line,
+            completed_ts=self.completed_ts,
+            completed_advances=self.completed_advances,
             last_output=dict(last_output or {}),
             job_advances=sum(s.advances for s in self._sources.values()),
             job_rises=self.rises,

@@ -76,7 +76,7 @@ def cordon_refusal(report: Report, settings: ActionsSettings, escalated: str = "
     """Why a report does not justify cordoning its culprit nodes; None when it does. `escalated`
     says why repeated events make a non-fatal one worth a cordon (see `NodeBook.escalation`)."""
     if report.status != "failed":
-        return "healthy report"
+        return f"{report.status} report: nothing failed"  # healthy, unknown (neither shown) or empty
     if report.category != Category.INFRASTRUCTURE and not escalated:
         # (an application-class Xid that keeps coming back on one GPU is the GPU's: escalated)
         return f"category {report.category}: only infrastructure failures act on nodes"

@@ -54,6 +54,12 @@ def render_text(report: Report, color: bool = False) -> str:
         lines.append(paint("EMPTY", "bold", "yellow") + "  no log lines to diagnose")
     elif report.status == "healthy":
         lines.append(paint("HEALTHY", "bold", "green") + f"  no failure found (confidence {report.confidence:.2f})")
+    elif report.status == "unknown":
+        lines.append(paint("UNKNOWN", "bold", "yellow") + "  no failure found, and nothing shows the job went well")
+        if report.explanation:
+            lines.append(f"{'why':>10}  {report.explanation}")
+        if report.hint:
+            lines.append(f"{'next':>10}  {report.hint}")
     else:
         head = f"{report.category or Category.UNKNOWN} / {report.failure_type or FT.UNKNOWN}"
         lines.append(paint("FAILED", "bold", "red") + "  " + paint(head, "bold") + f"  (confidence {report.confidence:.2f})")

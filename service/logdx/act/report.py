@@ -110,10 +110,14 @@ class RecoveredItem(BaseModel):
     source: str
 
 
+# "unknown": the log shows neither a failure nor the job's health (no end of the run, no exit code, training
+# that did not go on past its errors; logdx/diagnose/health.py); "empty": the input held no log text at all.
+Status = Literal["failed", "healthy", "unknown", "empty"]
+
+
 class Report(BaseModel):
     id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
-    # "empty": the input held no log text at all (nothing to call healthy or failed).
-    status: Literal["failed", "healthy", "empty"]
+    status: Status
     category: Category | None
     failure_type: str | None
     action: Action
@@ -132,10 +136,10 @@ class Report(BaseModel):
 
 def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: dict[str, float]) -> Report:
     d = diagnosis
-    healthy = d.status in ("healthy", "empty") or d.label is None
+    healthy = d.status in ("healthy", "unknown", "empty") or d.label is None  # nothing failed: no label, no action
     root = d.root
     return Report(
-        status=d.status if d.status == "empty" else "healthy" if healthy else "failed",
+        status=d.status if d.status in ("unknown", "empty") else "healthy" if healthy else "failed",
         category=None if healthy else d.label.category,  # type: ignore[union-attr]
         failure_type=None if healthy else d.label.failure_type,  # type: ignore[union-attr]
         action=Action.NONE if healthy else d.label.action,  # type: ignore[union-attr]

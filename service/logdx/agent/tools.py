@@ -89,7 +89,7 @@ class Templates(BaseModel):
 class Evidence(BaseModel):
     report_id: str
     status: str
-    label: str = Field(description="category/failure_type, or the status when healthy")
+    label: str = Field(description="category/failure_type, or the status (healthy, unknown, empty) when nothing failed")
     action: str
     confidence: float
     root_cause: RootCause | None

@@ -486,7 +486,7 @@ def _what_changed(before: Report | None, after: Report, hosts: str) -> str:
         if r is None:
             return "no diagnosis"
         if r.status != "failed":
-            return "healthy"
+            return r.status  # healthy, unknown
         culprit = f" on {', '.join(r.culprits.hosts)}" if r.culprits.hosts else ""
         return f"{r.failure_type} ({r.category}){culprit}, action {r.action}"
 

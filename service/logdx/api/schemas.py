@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-from logdx.act.report import Report
+from logdx.act.report import Report, Status
 from logdx.incidents import LOG_TEXT_FIELDS
 from logdx.model import Action, Category
 from logdx.taxonomy import KNOWN_CATEGORIES, LABEL_ACTIONS
@@ -113,7 +113,7 @@ class Compression(BaseModel):
 
 class DiagnosisBrief(BaseModel):
     report_id: str
-    status: str
+    status: Status
     category: str | None
     failure_type: str | None
     action: str

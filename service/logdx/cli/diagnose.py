@@ -68,7 +68,9 @@ def add_diagnose_args(p: argparse.ArgumentParser) -> None:
                         "the ranks missing from the collective the others wait in name a hang's culprit")
     p.add_argument("--exit-code", type=int, default=None, metavar="N",
                    help="how the job ended, when you know it: 0 with no fatal event in the log is healthy "
-                        "(whatever it printed on the way); non-zero is a failure even when the log says nothing")
+                        "(whatever it printed on the way; a process's own abort or uncaught exception still fails "
+                        "it); non-zero is a failure even when the log says nothing. Without it, a log that shows "
+                        "neither a failure nor health (no end of the run, no training past its errors) is unknown")
     p.add_argument("--job-id", metavar="ID",
                    help="the job's name in the node history (logdx nodes); default: the log's path")
     p.add_argument("--no-store", action="store_true",

@@ -17,6 +17,7 @@ from typing import Protocol
 from logdx.diagnose.culprit import UNNAMED_CORDON_MIN_CONFIDENCE, blames_one_node
 from logdx.diagnose.fusion import FusionResult, FusionWeights, fuse, needs_arbiter
 from logdx.diagnose.hangs import HANG_TYPES
+from logdx.diagnose.health import faults_after_the_end, health_of
 from logdx.diagnose.life import first_stopped
 from logdx.diagnose.rootcause import Finding, RulesOutcome, find_root_cause, likeliest_unexplained
 from logdx.diagnose.rules import RuleSet
@@ -88,9 +89,11 @@ class Diagnoser:
                              explanation="No log lines: the input is empty or holds only blank lines.",
                              stage_ms=stage_ms)
         if outcome.winner is None and not _has_failure_signal(outcome, exit_code):
-            return Diagnosis(status="healthy", label=None, confidence=_healthy_confidence(summary), root=None,
-                             explanation="No failure found: no error, traceback, hardware fault or stall in the log.",
-                             stage_ms=stage_ms)
+            health = health_of(summary, outcome.unexplained_events, exit_code)
+            notes = faults_after_the_end([(f.event, f.hit) for f in outcome.recovered], summary.progress)
+            return Diagnosis(status="healthy" if health.healthy else "unknown", label=None,
+                             confidence=health.confidence, root=None, explanation=health.explanation,
+                             hint=health.hint, notes=notes, stage_ms=stage_ms)
         diagnosis = _from_rules(outcome, exit_code)
         diagnosis.context = outcome.context
         diagnosis.stage_ms = stage_ms
@@ -224,12 +227,6 @@ def _hint_from_neighbours(result: FusionResult) -> str:
 
 def _has_failure_signal(outcome: RulesOutcome, exit_code: int | None) -> bool:
     return bool(exit_code) or any(e.kind == EventKind.TRACEBACK and e.exception_type for e in outcome.unexplained_events)
-
-
-def _healthy_confidence(summary: CompressionSummary) -> float:
-    # A log that shows training progress and no error is healthy with some confidence; an empty
-    # or tiny log tells little.
-    return 0.9 if summary.progress_lines > 0 else 0.6
 
 
 def _from_rules(outcome: RulesOutcome, exit_code: int | None) -> Diagnosis:

@@ -27,8 +27,8 @@ from logdx.model import (
     StoppedFirst,
 )
 
-__all__ = ["Stop", "ends_its_process", "first_stopped", "is_warning", "ran_to_completion", "said_it_completed", "stop_of", "stopped_by_output",
-           "stopped_by_progress", "went_on_after"]
+__all__ = ["Stop", "ends_its_process", "first_stopped", "is_warning", "ran_to_completion", "said_it_completed", "says_it_aborts",
+           "stop_of", "stopped_by_output", "stopped_by_progress", "went_on_after"]
 
 # The job, or the rank, advanced this many times after an event: it went on. One is not enough: a step
 # already in flight when a rank died can still be printed by the others (a collective needs everyone
@@ -72,9 +72,24 @@ _OWN_LINES_AFTER = 20
 _JOB_LINES_AFTER = 100
 
 
+# A process saying it ends itself: "NaN detected in loss, aborting.", "Aborted (core dumped)", glog's and
+# loggers' FATAL level, "Fatal Python error", C++'s "terminate called after throwing" and its "  what():  ..."
+# line, a segfault, NCCL's watchdog "taking the entire process down". Not git's lowercase "fatal: not a git
+# repository" (a child a script ran), nor NCCL's INFO "Abort COMPLETE" of a communicator being closed.
+_ABORTS = re.compile(
+    r"(?i:\baborting\b|\bfatal error\b|segmentation fault|\bcore dumped\b|terminate called after throwing"
+    r"|taking the entire process down)|\bAborted\b|\bFATAL\b|^\s*Fatal\b|Fatal Python error|^\s*what\(\):\s")
+
+
+def says_it_aborts(text: str) -> bool:
+    """The line is a process's own word that it ends: it outranks an exit code of 0 and an end marker."""
+    return _ABORTS.search(text) is not None
+
+
 def ends_its_process(event: Event) -> bool:
-    """By its nature the event can end what printed it: a terminal kind, or an exception raised."""
-    return event.kind in _TERMINAL_KINDS or bool(event.exception_type)
+    """By its nature the event can end what printed it: a terminal kind, an exception raised, or a
+    process saying it aborts."""
+    return event.kind in _TERMINAL_KINDS or bool(event.exception_type) or says_it_aborts(event.anchor.text)
 
 
 def went_on_after(event: Event, summary: CompressionSummary, *, at_least: int = MIN_ADVANCES,
@@ -200,7 +215,9 @@ def _advanced_after(event: Event, summary: CompressionSummary, mark: ProgressMar
         # Many ranks print the same step: the job's highest step must have moved on, not more ranks
         # printed it.
         if mark.job_step is None:
-            return True  # training started after it
+            # Training started after it: it must have advanced, not merely printed a line (a bar of
+            # "Loading checkpoint shards 2/2" after a traceback pasted before the start-up lines).
+            return progress.job_advances - mark.job_advances >= at_least
         delta = min((s.step_delta for s in progress.sources if s.step_delta), default=None)
         if delta:
             return progress.last_step - mark.job_step >= at_least * delta * 0.999
@@ -225,9 +242,12 @@ def stop_of(progress: ProgressSummary) -> Stop | None:
 
 def said_it_completed(progress: ProgressSummary) -> bool:
     """After its last step, the run said its training is over ("Training completed", the trainer's final
-    metrics). Said earlier, it was about something else: Lightning's batch-size finder runs a fit of three
-    steps ("`Trainer.fit` stopped: `max_steps=3` reached.") before the real one."""
-    return progress.completed_line > progress.last_line
+    metrics); a progress line after it that does not advance (a bar's last refresh) does not take that
+    back. Said before training advanced again, it was about something else: Lightning's batch-size finder
+    runs a fit of three steps ("`Trainer.fit` stopped: `max_steps=3` reached.") before the real one."""
+    if not progress.completed_line:
+        return False
+    return progress.completed_line > progress.last_line or progress.job_advances == progress.completed_advances
 
 
 def ran_to_completion(progress: ProgressSummary, totals: dict[str, float] | None = None) -> bool:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 
 from logdx.diagnose.culprit import HANG_OUTPUT_BASIS, attribute, hang_culprit, verify_hosts
 from logdx.diagnose.hangs import fr_hit, minority_hit, silent_rank_hint, silent_rank_label, stack_minority
-from logdx.diagnose.life import MIN_ADVANCES, ends_its_process, is_warning, said_it_completed, went_on_after
+from logdx.diagnose.health import RunEnd, after_the_end, fails_after_the_end, run_end
+from logdx.diagnose.life import MIN_ADVANCES, ends_its_process, is_warning, says_it_aborts, went_on_after
 from logdx.diagnose.occupied import taken_by_another_process
 from logdx.diagnose.origin import locate
 from logdx.diagnose.rules import RuleHit, RuleSet, render_hint
@@ -91,7 +92,7 @@ def find_root_cause(
     event)."""
     dumps = [e for e in events if e.kind in _READ_AS_A_WHOLE]
     everything, unexplained = _match_all([e for e in events if e.kind not in _READ_AS_A_WHOLE], rules, summary,
-                                         _Ending(exit_code))
+                                         _Ending(exit_code, run_end(summary.progress)))
     findings = [f for f in everything if not f.survived]
     recovered = [f for f in everything if f.survived and f.hit.role is not Role.SYMPTOM]
     winner, role = _choose(findings, summary)
@@ -124,9 +125,11 @@ def find_root_cause(
 
 @dataclass(frozen=True, slots=True)
 class _Ending:
-    """How the job ended, as far as the caller knows it: its exit code (None: not known)."""
+    """How the job ended, as far as the caller knows it: its exit code (None: not known), and where the
+    run said it finished (None: it did not)."""
 
     exit_code: int | None
+    end: RunEnd | None = None
 
     @property
     def ok(self) -> bool:
@@ -148,6 +151,7 @@ def _match_all(events: Sequence[Event], rules: RuleSet, summary: CompressionSumm
     best = {id(e): hits[0] for e in events if (hits := rules.match(e))}
     by_key: dict[tuple[str, str, bool], Finding] = {}
     unexplained: list[Event] = []
+    clearing: dict[tuple[str, str], list[Event]] = {}
     for event in events:
         hit = best.get(id(event))
         if hit is None:
@@ -155,7 +159,7 @@ def _match_all(events: Sequence[Event], rules: RuleSet, summary: CompressionSumm
             continue
         if _superseded(event, best):
             continue
-        survived = _survived(event, hit, summary, ending) or _cleared(event, hit, rules, events)
+        survived = _survived(event, hit, summary, ending) or _cleared(event, hit, rules, events, clearing)
         key = (hit.rule_id, mask(hit.line.text), survived)
         found = by_key.get(key)
         if found is None:
@@ -238,10 +242,12 @@ def _silent_rank_hang(timeout: Finding, findings: list[Finding],
 
 def _survived(event: Event, hit: RuleHit, summary: CompressionSummary, ending: _Ending) -> bool:
     """The job went on after it. A loss gone NaN is survived only when the same process logs a finite
-    loss again; a divergence the timeline confirmed, a stall, never (training goes on, ruined). What
-    cannot end a process by itself (a logged error, an NIC's async event) did not end a job that exited
-    0, nor one whose training says it ran to its end, unless the job is known to have failed. A fault of
-    a GPU is survived when the process on that GPU went on, when the log says which one it is.
+    loss again; a divergence the timeline confirmed never (training goes on, ruined). What the job printed
+    after the run said it finished did not end it, unless it is a process's own last words (health.py). A
+    stall is a hang only in a run that neither finished nor exited 0. What cannot end a process by itself
+    (a logged error, an NIC's async event) did not end a job that exited 0, nor one whose training says it
+    ran to its end, unless the job is known to have failed; a NaN loss is not made good by an exit code. A
+    fault of a GPU is survived when the process on that GPU went on, when the log says which one it is.
 
     A kernel line whose only clock is the boot's (no line of its host said when that boot was) cannot be
     placed before or after anything: what can end a process stays a candidate cause unless the job ran
@@ -253,14 +259,21 @@ def _survived(event: Event, hit: RuleHit, summary: CompressionSummary, ending: _
         return summary.last_finite_loss_line.get(event.anchor.source_key, 0) > event.line_no
     if event.kind == EventKind.LOSS_SPIKE:  # unless the loss came back after all, later than the watch waited
         return divergence is None or divergence.line_no != event.line_no
+    end = ending.end
     if event.kind == EventKind.STALL:
-        return False
-    completed = ending.ok or (ending.exit_code is None and said_it_completed(summary.progress))
-    if not ends_its_process(event) and completed:
+        return end is not None or ending.ok  # the quiet after the run's end, or slow work it finished
+    if end is not None and after_the_end(event, end) and not fails_after_the_end(event, hit):
+        return True  # teardown: NCCL closing its communicators, slurmstepd, the node's kernel past the end
+    completed = ending.ok or (ending.exit_code is None and end is not None)
+    if not ends_its_process(event) and hit.label.failure_type != FT.NAN_LOSS and completed:
         return True
     if event.anchor.unanchored:
         return completed or not (ends_its_process(event) or is_hardware(hit.label.failure_type) or _grave(hit))
-    return went_on_after(event, summary, at_least=ending.at_least, whose=_gpu_process(hit, summary))
+    # A process's own last words (an exception raised, an abort) outrank an exit code of 0: only training
+    # that clearly went on after them (a bar in a paste's start-up lines is one advance) says otherwise.
+    last_words = bool(event.exception_type) or says_it_aborts(event.anchor.text)
+    return went_on_after(event, summary, at_least=MIN_ADVANCES if last_words else ending.at_least,
+                         whose=_gpu_process(hit, summary))
 
 
 def _grave(hit: RuleHit) -> bool:
@@ -289,17 +302,23 @@ def _gpu_process(hit: RuleHit, summary: CompressionSummary) -> str | None:
     return None
 
 
-def _cleared(event: Event, hit: RuleHit, rules: RuleSet, events: Sequence[Event]) -> bool:
+def _cleared(event: Event, hit: RuleHit, rules: RuleSet, events: Sequence[Event],
+             clearing: dict[tuple[str, str], list[Event]]) -> bool:
     """A later line of the same host (the same source, when no host is known) says the condition the
-    rule found cleared: an IB port that went down and came back up."""
+    rule found cleared: an IB port that went down and came back up. Such lines are marked `clears` (they
+    report no error of their own: health.py); `clearing` keeps them per rule and place, found once."""
     rule = rules.by_id.get(hit.rule_id)
     if rule is None or not rule.cleared_by:
         return False
     where = event.anchor.host or event.anchor.source_key
-    return any(
-        _earlier(event, e) and (e.anchor.host or e.anchor.source_key) == where
-        and any(p.search(e.anchor.text) for p in rule.cleared_by)
-        for e in events)
+    found = clearing.get((rule.id, where))
+    if found is None:
+        found = clearing[(rule.id, where)] = []
+        for e in events:
+            if (e.anchor.host or e.anchor.source_key) == where and any(p.search(e.anchor.text) for p in rule.cleared_by):
+                e.attrs["clears"] = True
+                found.append(e)
+    return any(_earlier(event, e) for e in found)
 
 
 def _superseded(event: Event, best: dict[int, RuleHit]) -> bool:

@@ -8,7 +8,9 @@
 
 Sets: ``excerpts`` (the labelled logs of the folders), ``buried`` (each of them buried in a realistic
 long multi-rank job), ``healthy`` (32 long healthy runs with scary output), ``hangs`` (silent ranks and
-stack dumps), ``divergence`` (loss divergences, and spikes that recover). Each prints one table with
+stack dumps), ``divergence`` (loss divergences, and spikes that recover), ``pasted`` (short pasted excerpts
+that end in a fatal exception), ``teardown`` (healthy runs with teardown noise and kernel lines past their
+end). Each prints one table with
 the same columns, one row per cascade (``rules``: rules + error catalog; ``default``: with retrieval and
 the LLM when enabled), then its misses; a one-screen summary of every set comes last.
 """
@@ -41,8 +43,9 @@ from logdx.evaluate.runner import Cascade, Item, JobResult, cascades_of, generat
 from logdx.evaluate.tables import breakdown_lines, calibration_lines, set_figures, summary_lines, table_lines
 from logdx.pipeline import Engine
 from logdx.synth.noise import FAMILIES
+from logdx.synth.teardown import FAMILIES as TEARDOWN_FAMILIES
 
-ALL_SETS = ("excerpts", "buried", "healthy", "hangs", "divergence")
+ALL_SETS = ("excerpts", "buried", "healthy", "hangs", "divergence", "pasted", "teardown")
 
 
 def _read_log(path: str) -> bytes:
@@ -70,9 +73,11 @@ def generated_items(set_name: str, seed: int, without: frozenset[str] = frozense
 
 
 _DESCRIBE: dict[str, Callable[[CaseResult, list[str]], list[str]] | None] = {
-    "excerpts": None, "buried": describe_burial, "healthy": describe_job, "hangs": describe_job, "divergence": describe_job}
+    "excerpts": None, "buried": describe_burial, "healthy": describe_job, "hangs": describe_job, "divergence": describe_job,
+    "pasted": describe_job, "teardown": describe_job}
 _RECORD: dict[str, Callable[[CaseResult], dict[str, object]] | None] = {
-    "excerpts": None, "buried": burial_record, "healthy": job_record, "hangs": job_record, "divergence": job_record}
+    "excerpts": None, "buried": burial_record, "healthy": job_record, "hangs": job_record, "divergence": job_record,
+    "pasted": job_record, "teardown": job_record}
 
 
 def _title(set_name: str, results: list[JobResult]) -> tuple[str, str]:
@@ -82,7 +87,9 @@ def _title(set_name: str, results: list[JobResult]) -> tuple[str, str]:
     span = f"; {min(lines):,}-{max(lines):,} lines" if set_name != "excerpts" and lines else ""
     what = {"excerpts": "labelled real excerpts", "buried": "the excerpts buried in long multi-rank jobs",
             "healthy": "long healthy runs", "hangs": "hangs (silent ranks, stack dumps)",
-            "divergence": "divergences and recovering spikes"}[set_name]
+            "divergence": "divergences and recovering spikes",
+            "pasted": "short pasted excerpts that end in a fatal exception",
+            "teardown": "healthy runs with teardown noise and kernel lines past their end"}[set_name]
     return f"\n== {set_name}: {what} ({size}{span}) ==", size
 
 
@@ -105,6 +112,20 @@ def _breakdowns(set_name: str, results: list[JobResult], cascade: str) -> list[s
         case "divergence":
             return ["  by kind:"] + breakdown_lines(results, cascade, lambda r: str(r.truth.variant.get("kind", "recovering spike")),
                                                     ("status", "failure_type", "root_line", "step"))
+        case "teardown":
+            return (["  by framework:"] + breakdown_lines(results, cascade, lambda r: r.truth.flavour, ("status",))
+                    + ["  by launcher style:"] + breakdown_lines(results, cascade, lambda r: r.truth.style, ("status",))
+                    + ["  by teardown family:"]
+                    + [line for fam in TEARDOWN_FAMILIES for line in breakdown_lines(
+                        [r for r in results if fam in r.truth.variant.get("teardown", ())], cascade, lambda _r, f=fam: f,  # type: ignore[misc]
+                        ("status",))]
+                    + ["  a fatal Xid past the end:"]
+                    + breakdown_lines([r for r in results if r.truth.variant.get("late_xid")], cascade,
+                                      lambda _r: "late fatal Xid", ("status",)))
+        case "pasted":
+            return (["  by crash:"] + breakdown_lines(results, cascade, lambda r: str(r.truth.variant["crash"]), base)
+                    + ["  by order:"] + breakdown_lines(results, cascade, lambda r: str(r.truth.variant["order"]), ("status",))
+                    + ["  by style:"] + breakdown_lines(results, cascade, lambda r: r.truth.style, ("status", "root_line")))
     return []
 
 

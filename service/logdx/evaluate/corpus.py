@@ -210,10 +210,12 @@ _CALIBRATION_BINS = (0.0, 0.5, 0.7, 0.8, 0.9, 1.01)
 
 
 def calibration(results: list[CaseResult]) -> list[dict[str, float | int | str]]:
-    """Per band of confidence: how many reports, and how many of them were right."""
+    """Per band of confidence: how many reports, and how many of them were right. An ``unknown`` report
+    claims neither a failure nor health: it is no point of the calibration (the confusion counts it)."""
     rows: list[dict[str, float | int | str]] = []
+    claims = [r for r in results if r.report.status != "unknown"]
     for lo, hi in zip(_CALIBRATION_BINS, _CALIBRATION_BINS[1:]):
-        band = [r for r in results if lo <= r.report.confidence < hi]
+        band = [r for r in claims if lo <= r.report.confidence < hi]
         right = sum(is_right(r) for r in band)
         rows.append({"band": f"{lo:.1f}-{min(hi, 1.0):.1f}", "n": len(band), "right": right,
                      "accuracy": round(right / len(band), 3) if band else 0.0})
@@ -221,10 +223,15 @@ def calibration(results: list[CaseResult]) -> list[dict[str, float | int | str]]
 
 
 def confusion(results: list[CaseResult]) -> dict[str, int]:
+    """The two costly mistakes, and the reports that said neither: ``unknown`` (the log showed no failure
+    and no health) is no crash called healthy and no healthy run called failed, but a status miss on both."""
     crashes = [r for r in results if not is_healthy_label(r.label)]
     healthy = [r for r in results if is_healthy_label(r.label)]
     return {"crashes": len(crashes), "crashes_called_healthy": sum(r.report.status == "healthy" for r in crashes),
-            "healthy": len(healthy), "healthy_called_failed": sum(r.report.status != "healthy" for r in healthy)}
+            "healthy": len(healthy), "healthy_called_failed": sum(r.report.status == "failed" for r in healthy),
+            "unknown": sum(r.report.status == "unknown" for r in results), "runs": len(results),
+            "crashes_unknown": sum(r.report.status == "unknown" for r in crashes),
+            "healthy_unknown": sum(r.report.status == "unknown" for r in healthy)}
 
 
 def summarize(results: list[CaseResult], fields: tuple[str, ...] = FIELDS) -> dict[str, dict[str, float | int]]:

@@ -21,14 +21,17 @@ from logdx.act.report import Report
 from logdx.evaluate.corpus import CaseResult
 from logdx.synth.divergence import divergence_set
 from logdx.synth.hangs import hang_set
-from logdx.synth.healthy import healthy_set
+from logdx.synth.healthy import healthy_set, teardown_set
 from logdx.synth.longjob import GeneratedCase, JobTruth
+from logdx.synth.pasted import pasted_set
 
 # set name -> its cases (deterministic in the seed)
 GENERATED_SETS: dict[str, Callable[[int], list[GeneratedCase]]] = {
     "healthy": lambda seed: healthy_set(32, seed),
     "hangs": lambda seed: hang_set(20, 20, seed),
     "divergence": lambda seed: divergence_set(5, 8, seed),
+    "pasted": lambda seed: pasted_set(48, seed),
+    "teardown": lambda seed: teardown_set(24, seed),
 }
 _MAX_NAMED = 2  # a culprit list longer than this does not single anyone out
 

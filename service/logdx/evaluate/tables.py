@@ -40,17 +40,29 @@ def _cell(row: dict[str, float | int]) -> str:
 def table_lines(title: str, figures: dict[str, dict[str, Any]], extra: tuple[str, ...] = ()) -> list[str]:
     """A markdown table: one row per cascade, the same columns for every set (plus ``extra`` fields)."""
     cols = COLUMNS + extra
-    head = (["cascade"] + [_HEAD[c] for c in cols] + ["crashes called healthy", "healthy called failed",
+    head = (["cascade"] + [_HEAD[c] for c in cols] + ["crashes called healthy", "healthy called failed", "unknown",
                                                      "with exit code: crashes called healthy / healthy called failed"])
     out = [title, "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, fig in figures.items():
         acc, conf, ex = fig["accuracy"], fig["confusion"], fig["confusion_exit_known"]
-        cells = [name] + [_cell(acc[c]) for c in cols]
-        cells += [f"{conf['crashes_called_healthy']}/{conf['crashes']}", f"{conf['healthy_called_failed']}/{conf['healthy']}"]
-        cells.append(f"{ex['crashes_called_healthy']}/{ex['crashes']} / {ex['healthy_called_failed']}/{ex['healthy']}"
-                     if ex else "-")
+        cells = [name] + [_cell(acc[c]) for c in cols] + _confusion_cells(conf, ex)
         out.append("| " + " | ".join(cells) + " |")
     return out
+
+
+def _confusion_cells(conf: dict[str, int], ex: dict[str, int] | None) -> list[str]:
+    """Crashes called healthy, healthy runs called failed, reports that said ``unknown`` (neither, and a
+    status miss), and the first two again when the exit code is known."""
+    return [f"{conf['crashes_called_healthy']}/{conf['crashes']}", f"{conf['healthy_called_failed']}/{conf['healthy']}",
+            _unknown_cell(conf),
+            f"{ex['crashes_called_healthy']}/{ex['crashes']} / {ex['healthy_called_failed']}/{ex['healthy']}" if ex else "-"]
+
+
+def _unknown_cell(conf: dict[str, int]) -> str:
+    if not conf["unknown"]:
+        return f"0/{conf['runs']}"
+    parts = [f"{conf[k]} {what}" for k, what in (("crashes_unknown", "crashes"), ("healthy_unknown", "healthy")) if conf[k]]
+    return f"{conf['unknown']}/{conf['runs']} ({', '.join(parts)})"
 
 
 def breakdown_lines(results: list[JobResult], cascade: str, key: Callable[[JobResult], str],
@@ -65,8 +77,12 @@ def breakdown_lines(results: list[JobResult], cascade: str, key: Callable[[JobRe
         acc = summarize(views, fields)
         conf = confusion(views)
         parts = [f"{_HEAD[f]} {acc[f]['correct']}/{acc[f]['n']}" for f in fields if acc[f]["n"]]
+        if conf["crashes"]:
+            parts.append(f"called healthy {conf['crashes_called_healthy']}/{conf['crashes']}")
         if conf["healthy"]:
             parts.append(f"called failed {conf['healthy_called_failed']}/{conf['healthy']}")
+        if conf["unknown"]:
+            parts.append(f"unknown {conf['unknown']}/{conf['runs']}")
         out.append(f"    {name} ({len(views)}): " + ", ".join(parts))
     return out
 
@@ -79,17 +95,14 @@ def calibration_lines(figures: dict[str, dict[str, Any]], cascade: str) -> list[
 
 def summary_lines(all_figures: dict[str, dict[str, dict[str, Any]]], sizes: dict[str, str]) -> list[str]:
     """Every set and cascade in one table, the hang and divergence figures after it."""
-    head = ["set", "cascade", *[_HEAD[c] for c in COLUMNS], "crashes → healthy", "healthy → failed",
+    head = ["set", "cascade", *[_HEAD[c] for c in COLUMNS], "crashes → healthy", "healthy → failed", "unknown",
             "exit known: crash→healthy / healthy→failed"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for set_name, figures in all_figures.items():
         for cascade, fig in figures.items():
             acc, conf, ex = fig["accuracy"], fig["confusion"], fig["confusion_exit_known"]
             cells = [f"{set_name} ({sizes.get(set_name, '')})", cascade, *[_cell(acc[c]) for c in COLUMNS],
-                     f"{conf['crashes_called_healthy']}/{conf['crashes']}",
-                     f"{conf['healthy_called_failed']}/{conf['healthy']}",
-                     f"{ex['crashes_called_healthy']}/{ex['crashes']} / {ex['healthy_called_failed']}/{ex['healthy']}"
-                     if ex else "-"]
+                     *_confusion_cells(conf, ex)]
             out.append("| " + " | ".join(cells) + " |")
     for set_name, fields in (("hangs", ("culprit_rank", "culprit_host")), ("divergence", ("step",))):
         for cascade, fig in all_figures.get(set_name, {}).items():

@@ -56,7 +56,7 @@ def restart_decision(a: Attempt, opts: RunOptions, actions: ActionsSettings,
     if r is None:
         return False, "no report"
     category = Category(r.category or Category.UNKNOWN)
-    if r.status == "healthy":
+    if r.status != "failed":  # healthy, or unknown: the log shows no failure to restart for
         category = Category.UNKNOWN
     if category not in opts.restart_on:
         hint = " (owner must fix it)" if category in (Category.SCRIPT, Category.FRAMEWORK) else ""

@@ -241,8 +241,8 @@ class Supervisor:
 def _diag(r: Report | None) -> str:
     if r is None:
         return "-"
-    if r.status == "healthy":
-        return "healthy"
+    if r.status != "failed":
+        return r.status  # healthy, unknown (neither a failure nor health shown), empty
     return f"{r.category or Category.UNKNOWN}/{r.failure_type or FT.UNKNOWN}"
 
 

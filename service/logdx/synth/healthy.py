@@ -18,13 +18,15 @@ Label (``JobTruth``): status ``healthy``, category / failure type ``None``, acti
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from random import Random
-from typing import TextIO
+from typing import Any, TextIO
 
 from logdx.model import Action
 from logdx.synth.job import Job
 from logdx.synth.longjob import GeneratedCase, JobTruth, start_job, startup_lines, train_to
 from logdx.synth.noise import Spike
+from logdx.synth.teardown import write_teardown
 from logdx.synth.training import finish_healthy
 
 # Every framework the generator knows, and what they look like in a log: Megatron (iteration lines),
@@ -37,9 +39,11 @@ RANK_CHOICES = (8, 16, 32, 64, 128)
 
 def healthy_job(out: TextIO, *, seed: int, flavour: str, style: str, ranks: int, lines: int,
                 ending: str = "exit0", spike: bool = False, gpus_per_host: int = 8,
-                without: frozenset[str] = frozenset()) -> JobTruth:
+                without: frozenset[str] = frozenset(), teardown: bool = False, exit_known: bool = True) -> JobTruth:
     """Write one healthy whole job to ``out``; ``ending`` is ``exit0`` (trains to its end, exit code 0)
-    or ``cut`` (the log stops mid-training: exit code unknown). ``without`` leaves noise families out."""
+    or ``cut`` (the log stops mid-training: exit code unknown). ``without`` leaves noise families out.
+    ``teardown``: after its end, what a job prints while it comes down and the nodes' kernel lines past
+    the end (``teardown.py``); ``exit_known=False``: the exit code is not given (only the log tells)."""
     if ending not in ("exit0", "cut"):
         raise ValueError("ending must be 'exit0' or 'cut'")
     job, realism = start_job(out, name="healthy-long", seed=seed, ranks=ranks, lines=lines, style=style,
@@ -51,16 +55,20 @@ def healthy_job(out: TextIO, *, seed: int, flavour: str, style: str, ranks: int,
         job.step_hooks.append(realism.spike.apply)
     tail = 3 * ranks + 2 * job.cluster.n_hosts + 40
     train_to(job, lines - tail if ending == "exit0" else lines)
+    after: dict[str, object] = {}
     if ending == "exit0":
         finish_healthy(job)
         realism.at_finish(job)
+        if teardown:
+            after = write_teardown(job)
     job.sink.flush()
     return JobTruth(
         kind="spike" if realism.spike is not None else "healthy", status="healthy", category=None,
-        failure_type=None, action=Action.NONE, exit_code=0 if ending == "exit0" else None, last_step=job.iteration,
+        failure_type=None, action=Action.NONE, exit_code=0 if ending == "exit0" and exit_known else None,
+        last_step=job.iteration,
         lines_written=job.sink.count, seed=seed, style=style, flavour=job.flavour.name, ranks=ranks,
         hosts=list(job.cluster.hosts), families=sorted(realism.families | ({"spike"} if realism.spike else set())),
-        variant={"ending": ending, "spike_step": _spike_iteration(job, realism.spike)},
+        variant={"ending": ending, "spike_step": _spike_iteration(job, realism.spike), **after},
     )
 
 
@@ -75,19 +83,31 @@ def job_rng_bool(seed: int, p: float) -> bool:
     return Random(f"logdx-longjob-choice:{seed}").random() < p
 
 
-def healthy_set(n: int = 32, seed: int = 0) -> list[GeneratedCase]:
-    """``n`` healthy whole jobs: every framework and launcher style, 8-128 ranks, 2,000-20,000 lines;
-    one in five cut mid-training, one in four with a recovering loss spike."""
-    rng = Random(f"logdx-healthy-set:{seed}")
-    out = []
+def _varied(n: int, rng: Random, *, stride: int, rank_choices: tuple[int, ...], max_lines: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``n`` runs' arguments: every framework in turn, the launcher styles ``stride`` apart, ranks drawn from
+    ``rank_choices``, 2,000 to ``max_lines`` lines (more when the start of a large job needs them)."""
     for i in range(n):
         flavour = FRAMEWORKS[i % len(FRAMEWORKS)]
-        style = LONG_STYLES[(i * 3 + i // len(FRAMEWORKS)) % len(LONG_STYLES)]
+        style = LONG_STYLES[(i * stride + i // len(FRAMEWORKS)) % len(LONG_STYLES)]
         if flavour == "deepspeed" and style.startswith("srun_"):
             style = "pdsh"
-        ranks = RANK_CHOICES[rng.randrange(len(RANK_CHOICES))]
-        lines = max(rng.randrange(2000, 20001), startup_lines(ranks) + 30 * (ranks + 2))  # <= 20,000 for 128 ranks
-        kw = {"seed": rng.randrange(1 << 30), "flavour": flavour, "style": style, "ranks": ranks, "lines": lines,
-              "ending": "cut" if i % 5 == 4 else "exit0", "spike": i % 4 == 1}
-        out.append(GeneratedCase(f"healthy-{i:02d}-{flavour}-{style}-{ranks}r", healthy_job, kw))
-    return out
+        ranks = rank_choices[rng.randrange(len(rank_choices))]
+        lines = max(rng.randrange(2000, max_lines + 1), startup_lines(ranks) + 30 * (ranks + 2))
+        yield i, {"seed": rng.randrange(1 << 30), "flavour": flavour, "style": style, "ranks": ranks, "lines": lines}
+
+
+def healthy_set(n: int = 32, seed: int = 0) -> list[GeneratedCase]:
+    """``n`` healthy whole jobs: every framework and launcher style, 8-128 ranks, 2,000-20,000 lines (<= 20,000
+    for 128 ranks); one in five cut mid-training, one in four with a recovering loss spike."""
+    runs = _varied(n, Random(f"logdx-healthy-set:{seed}"), stride=3, rank_choices=RANK_CHOICES, max_lines=20000)
+    return [GeneratedCase(f"healthy-{i:02d}-{kw['flavour']}-{kw['style']}-{kw['ranks']}r", healthy_job,
+                          {**kw, "ending": "cut" if i % 5 == 4 else "exit0", "spike": i % 4 == 1}) for i, kw in runs]
+
+
+def teardown_set(n: int = 24, seed: int = 0) -> list[GeneratedCase]:
+    """``n`` healthy whole jobs that end well and then print their teardown and the nodes' kernel lines past
+    their end (``teardown.py``): every framework and launcher style, 8-64 ranks, 2,000-12,000 lines; one in
+    three with the exit code known (0), the others only the log."""
+    runs = _varied(n, Random(f"logdx-teardown-set:{seed}"), stride=2, rank_choices=(8, 16, 32, 64), max_lines=12000)
+    return [GeneratedCase(f"teardown-{i:02d}-{kw['flavour']}-{kw['style']}-{kw['ranks']}r", healthy_job,
+                          {**kw, "teardown": True, "exit_known": i % 3 == 0}) for i, kw in runs]

@@ -160,7 +160,10 @@ class Realism:
             profile.spike = Spike(start=rng.randrange(steps // 4, max(steps // 4 + 1, 3 * steps // 5)),
                                   height=rng.uniform(0.6, 1.6), tau=rng.uniform(1.0, 3.0))
         if "ib_flap" in chosen:
-            profile.ib_flap_step = rng.randrange(2, max(3, steps - 2))
+            # Within the first two thirds of the steps the job is expected to write (an estimate that runs
+            # high for many ranks): a log cut while the job trains still shows the port coming back. A flap
+            # whose recovery the log never shows is, from the log, a port that stayed down.
+            profile.ib_flap_step = rng.randrange(2, max(3, 2 * steps // 3))
             profile.ib_flap_host = rng.randrange(c.n_hosts)
         if "overflow" in chosen:
             job.flavour.fp16 = True

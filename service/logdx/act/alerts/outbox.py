@@ -181,7 +181,7 @@ class Outbox:
 
     def enqueue(self, job_id: str, report: Report, done: Sequence[str] = ()) -> bool:
         """Queue an alert about `report` (and `done`: what logdx did about it) for every destination;
-        False when there is nothing to send (healthy report, below `alerts.min_confidence`, a failure
+        False when there is nothing to send (a healthy or unknown report, below `alerts.min_confidence`, a failure
         type in `alerts.quiet_types`, no destination), when this diagnosis of this job was already queued (by this process or an
         earlier one), or when it was folded into another job's alert about the same node."""
         if report.status != "failed" or report.confidence < self.settings.min_confidence:

@@ -40,6 +40,8 @@ def slack_payload(alert: Alert, report_url: str | None) -> dict:
     job_id, report = alert.job_id, alert.report
     if report.status == "healthy":
         headline = f"logdx: job {job_id}: no failure found"
+    elif report.status == "unknown":
+        headline = f"logdx: job {job_id}: no failure found, and nothing shows it went well"
     else:
         headline = f"logdx: job {job_id} failed: {report.category or Category.UNKNOWN} / {report.failure_type or FT.UNKNOWN}"
     culprit = culprit_text(report) or "unknown"
@@ -76,7 +78,7 @@ def slack_payload(alert: Alert, report_url: str | None) -> dict:
         context.append({"type": "mrkdwn", "text": f"<{report_url}|Open the full report>"})
     if context:
         blocks.append({"type": "context", "elements": context})
-    fallback = f"{headline} on {culprit}: {action}; done: {done}" if report.status != "healthy" else headline
+    fallback = f"{headline} on {culprit}: {action}; done: {done}" if report.status == "failed" else headline
     return {"text": clip(fallback, 300), "blocks": blocks}
 
 
