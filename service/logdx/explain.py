@@ -141,7 +141,7 @@ def render_explanation(ex: Explanation) -> str:
 
 def _render_line(ln: LineReport) -> list[str]:
     r = ln.record
-    ts = datetime.fromtimestamp(r.ts, UTC).isoformat() if r.ts else "-"
+    ts = datetime.fromtimestamp(r.ts, UTC).isoformat() if r.ts else "unanchored (a boot clock)" if r.unanchored else "-"
     out = [f"line {r.line_no}: {r.raw}",
            f"  record  rank={_v(r.rank)} local_rank={_v(r.local_rank)} host={_v(r.host)} stream={_v(r.stream)} "
            f"ts={ts} pid={_v(r.pid)}",
