@@ -24,8 +24,10 @@ XID = "May  1 12:10:05 gpu-node-01 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    # 4 CPU-s on the machine the bounds were written on, more on a slower one: the flood below fits under it
-    srv = Server(tmp_path_factory.mktemp("bounds"), server={"max_request_cpu_s": round(cpu_budget(4.0), 1)}).start()
+    # The cap is three times the flood's own bound (4 CPU-s on the machine the bounds were written on, more
+    # on a slower one): a neighbour's burst during the flood must not cut it, and the 55 MB request below
+    # still costs many times the cap. What bounds the flood is asserted on its own measured CPU.
+    srv = Server(tmp_path_factory.mktemp("bounds"), server={"max_request_cpu_s": round(cpu_budget(12.0), 1)}).start()
     yield srv
     srv.stop()
 
@@ -90,7 +92,7 @@ def test_random_word_flood_is_bounded_and_the_error_still_found(server: Server) 
 
 @pytest.mark.slow
 def test_a_costly_request_is_cut_with_429(server: Server) -> None:
-    """Past server.max_request_cpu_s (4 s here, on the reference machine) a request is cut: 429 cpu_limit, the applied lines said."""
+    """Past server.max_request_cpu_s (12 s here, on the reference machine) a request is cut: 429 cpu_limit, the applied lines said."""
     flood = _flood(400_000, seed=2) * 2  # ~55 MB
     with server.client(timeout=300) as c:
         r = c.post("/v1/jobs/costly/logs", content=flood, headers={"content-type": "text/plain", "x-logdx-job": "c"})
