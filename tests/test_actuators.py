@@ -181,6 +181,37 @@ def test_only_sure_corroborated_infrastructure_diagnoses_with_valid_names_act(ku
         assert all(r.node is None for r in cordons)
 
 
+@pytest.mark.parametrize("stage", ["llm", "retrieval", "fusion"])
+def test_a_verdict_no_rule_or_catalog_entry_chose_never_cordons_whatever_the_settings(kube, db, scontrol, stage):
+    """The hard floor: min_confidence 0 and a sure, corroborated, verified culprit, yet a learned stage's verdict."""
+    report = make_report(decided_by=stage)
+    out = Actions(db, kube_settings(kube, min_confidence=0.0)).apply("job-1", report)
+    out += Actions(db, ActionsSettings(actuator="slurm", dry_run=False, min_confidence=0.0)).apply("job-2", report)
+    assert [r for r in kube.requests if r.method == "PATCH"] == [] and scontrol() == []
+    cordons = [r for r in out if r.action == "cordon"]
+    assert len(cordons) == 2 and all(r.outcome == "skipped" and "learned verdict" in r.detail for r in cordons), cordons
+    # the same report, chosen by an entry of the error catalog, is acted on: the floor is the stage, nothing else
+    assert [r.outcome for r in Actions(db, ActionsSettings(actuator="slurm", dry_run=False)).apply(
+        "job-3", make_report(decided_by="catalog")) if r.action == "cordon"] == ["ok"]
+
+
+def test_a_learned_stage_that_chose_a_cordon_leaves_a_restart() -> None:
+    from logdx.diagnose.cascade import settle_action
+    from logdx.model import FT, Action, Attribution, Category, Diagnosis, Label
+
+    def diagnosis(decided_by: str) -> Diagnosis:
+        return settle_action(Diagnosis(
+            status="failed", label=Label(Category.INFRASTRUCTURE, FT.GPU_FELL_OFF_BUS, Action.CORDON_AND_RESTART),
+            confidence=0.99, root=None, decided_by=decided_by,
+            attribution=Attribution(hosts=["node-17"], ranks=[3], corroborated=True, basis="the root line's own host")))
+
+    learned = diagnosis("llm")
+    assert learned.label is not None and learned.label.action is Action.RESTART
+    assert any("llm chose this verdict" in n for n in learned.notes), learned.notes
+    ruled = diagnosis("rules")
+    assert ruled.label is not None and ruled.label.action is Action.CORDON_AND_RESTART
+
+
 @pytest.mark.parametrize("status", ["healthy", "unknown"])
 def test_healthy_or_unknown_reports_do_nothing_and_audit_nothing(kube, db, status):
     report = make_report(status=status, category=None, failure_type=None, action="none", root_cause=None)

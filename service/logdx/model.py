@@ -400,6 +400,17 @@ class StoppedFirst:
     basis: str
 
 
+# The stages whose verdict rests on knowledge someone wrote down and tested (a rule, an entry of the error
+# catalog drawn from the frameworks' own code). A verdict chosen by any other stage (retrieval, the LLM,
+# their fusion) is an opinion: it may name and explain a failure, never take a machine out of service.
+EVIDENCE_STAGES = frozenset({"rules", "catalog"})
+
+
+def rests_on_evidence(decided_by: str) -> bool:
+    """Whether the stage that chose a verdict is one a cordon may follow (EVIDENCE_STAGES)."""
+    return decided_by in EVIDENCE_STAGES
+
+
 @dataclass(slots=True)
 class Diagnosis:
     status: str  # "failed" | "healthy" | "unknown" (neither shown) | "empty" (no log text at all)

@@ -15,6 +15,8 @@ A node is cordoned (or, in `logdx run`, excluded from the next launch) only when
   a token not bound to the host, only claims a host;
 - the attribution is corroborated (the host printed the fault itself, or the blamed rank stopped);
 - the report is at least `actions.min_confidence` sure (an escalation stands in for that);
+- a rule or an entry of the error catalog chose the verdict (`decided_by`): retrieval, the LLM or their
+  fusion may name and explain a failure, never cordon, whatever `actions.min_confidence` says;
 
 and, for a real cordon, the cluster-wide limits agree (`budget_refusal`, `breaker_refusal`):
 
@@ -40,11 +42,12 @@ from logdx.act.actuators.base import NodeName, node_names
 from logdx.act.report import Report
 from logdx.config import ActionsSettings
 from logdx.diagnose.culprit import UNVERIFIED
-from logdx.model import Action, Category
+from logdx.model import Action, Category, rests_on_evidence
 from logdx.taxonomy import is_resubmit
 
 __all__ = [
     "ALREADY_CORDONED",
+    "LEARNED_VERDICT",
     "NODE_UNKNOWN",
     "UNVERIFIED_HOST",
     "AttemptOutcome",
@@ -59,6 +62,7 @@ __all__ = [
 ]
 
 NODE_UNKNOWN = "node name unknown"
+LEARNED_VERDICT = "learned verdict"
 UNVERIFIED_HOST = UNVERIFIED  # the diagnosis's word for a culprit host that is only a claim
 
 
@@ -82,6 +86,9 @@ def cordon_refusal(report: Report, settings: ActionsSettings, escalated: str = "
         return f"category {report.category}: only infrastructure failures act on nodes"
     if is_resubmit(report.failure_type):
         return f"{report.failure_type}: the scheduler ended the job; resubmit from the last checkpoint, never cordon"
+    if not rests_on_evidence(report.decided_by):
+        # The floor no setting lowers (actions.min_confidence, escalation): an opinion never takes a node out.
+        return f"{LEARNED_VERDICT}: {report.decided_by} chose {report.failure_type}; no rule or catalog entry supports it"
     if report.action != Action.CORDON_AND_RESTART and not escalated:
         return f"recommended action is {report.action}, not cordon_and_restart"
     if not report.culprits.hosts:

@@ -132,6 +132,8 @@ class Report(BaseModel):
     notes: list[str] = Field(default_factory=list)
     progress: ProgressBlock | None = Field(None, description="null when the log has no training progress lines")
     recovered: list[RecoveredItem] = Field(default_factory=list)
+    decided_by: str = Field("rules", description="the stage whose verdict stands: rules, catalog, or a learned stage "
+                            "(retrieval, llm, fusion) that changed it; a learned stage's verdict never cordons")
 
 
 def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: dict[str, float]) -> Report:
@@ -157,6 +159,7 @@ def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: 
         progress=_progress_block(summary.progress, d, failed=not healthy),
         recovered=[RecoveredItem(line_no=r.line_no, text=_clip(r.text), kind=r.kind, rank=r.rank, host=r.host,
                                  source=r.source) for r in d.recovered[:_MAX_RECOVERED]],
+        decided_by=d.decided_by,
     )
 
 

@@ -35,6 +35,7 @@ from logdx.model import (
     Role,
     StageVote,
     TemplateStats,
+    rests_on_evidence,
 )
 from logdx.taxonomy import is_resubmit
 
@@ -146,7 +147,10 @@ def settle_action(diagnosis: Diagnosis) -> Diagnosis:
     if label is None or label.action is not Action.CORDON_AND_RESTART:
         return diagnosis
     att = diagnosis.attribution
-    if label.failure_type in HANG_TYPES:
+    if not rests_on_evidence(diagnosis.decided_by):
+        # The hard floor, under every setting: no rule or catalog entry chose this verdict.
+        ok, why = False, f"{diagnosis.decided_by} chose this verdict, and no rule or catalog entry supports it"
+    elif label.failure_type in HANG_TYPES:
         # A hang takes its silent rank's node out only when the log names it and a second signal agrees.
         ok, why = (True, "") if len(att.hosts) == 1 and att.corroborated else (
             False, "the hang's silent rank is not on one named, corroborated host")
