@@ -78,6 +78,23 @@ def test_an_xid_printed_by_its_host_is_blamed_and_corroborated(engine):
     assert report.culprits.corroborated
 
 
+@pytest.mark.parametrize("quoted_host, blamed", [("gpu-node-02", ["gpu-node-02"]), ("login-node-7", [])])
+def test_a_kernel_line_a_health_checker_quotes_names_its_host_if_it_is_the_jobs(engine, quoted_host, blamed):
+    """A health checker forwards the host's kernel line inside its own message: the quoted syslog header's host
+    is the culprit, when the job ran there; it is a name in text, so it corroborates nothing by itself."""
+    alert = (f"[health-check] Xid errors on instance: {quoted_host}, Error: Jun  3 10:00:05 {quoted_host} kernel: "
+             "[ 8812.123456] NVRM: Xid (PCI:0000:3b:00): 63, pid=1911, Row Remapper: New row marked for remapping, "
+             "reset gpu to activate")
+    report = diagnose(engine, job([alert], victims_abort=False))
+    assert report.failure_type == "ecc_error"
+    assert report.culprits.hosts == blamed
+    if blamed:
+        assert report.culprits.basis.startswith("the kernel line the root line quotes")
+        assert blamed[0] in report.hint and "?" not in report.hint
+    else:
+        assert any("not one of the job's hosts" in n for n in report.notes)
+
+
 @pytest.mark.parametrize("line", [
     "srun: error: Node failure on gpu[001-512]",
     "srun: error: Node failure on gpu-node-01,gpu-node-02",

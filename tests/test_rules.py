@@ -442,14 +442,14 @@ def test_hit_names_the_line_it_matched(rules: RuleSet) -> None:
     assert "node-3" in best.hint and "10.0.0.9<1>" in best.hint
 
 
-def test_named_groups_fill_the_hint_and_missing_keys_render_question_mark(rules: RuleSet) -> None:
+def test_named_groups_fill_the_hint_and_a_missing_host_reads_as_words(rules: RuleSet) -> None:
     ev = line_event("NVRM: Xid (PCI:0000:3b:00): 79, pid=1911, GPU has fallen off the bus.", kind="xid", host="node-17")
     best = rules.match(ev)[0]
     assert best.rule_id == "xid-79-fell-off-bus"
     assert best.groups["gpu"] == "0000:3b:00"
     assert "0000:3b:00" in best.hint and "node-17" in best.hint
     unknown_host = rules.match(line_event("NVRM: Xid (PCI:0000:3b:00): 79, pid=1911", kind="xid"))[0]
-    assert "of ?" in unknown_host.hint
+    assert "of its node fell off" in unknown_host.hint and "?" not in unknown_host.hint
 
 
 def test_slurm_node_failure_names_the_host(rules: RuleSet) -> None:

@@ -41,6 +41,11 @@ MASK_DATE_WORDS = _NOT_IN_WORD + _DATE_WORDS
 MASK = re.compile(_NOT_IN_WORD + "(?:" + _VARIABLE_START + "(?:" + "|".join(f"(?:{p})" for _, p in MASK_ALTERNATIVES)
                   + ")|" + _DATE_WORDS + ")|" + MASK_AT_START)
 PARAM = "<*>"
+# A host's own kernel line quoted inside another message, as health checkers and alerting tools forward
+# it ("Xid errors on instance: X, Error: May 19 07:08:57 X kernel: [...] NVRM: Xid ..."): its syslog
+# header names the host that printed the fault.
+QUOTED_KERNEL_LINE = re.compile(r"(?<![\w:])(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +\d{1,2} "
+                                r"\d\d:\d\d:\d\d (?P<host>[A-Za-z0-9][\w.-]*) kernel: ")
 
 TRACEBACK_START = "Traceback (most recent call last)"
 # What Python prints before a re-raised exception's own traceback (DataLoader workers, multiprocessing

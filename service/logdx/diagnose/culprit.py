@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from logdx.diagnose.life import stopped_by_output, stopped_by_progress
 from logdx.hosts import clean_hostname
 from logdx.model import FT, Attribution, CompressionSummary, Event, EventKind, Role
-from logdx.patterns import pci_key
+from logdx.patterns import QUOTED_KERNEL_LINE, pci_key
 
 if TYPE_CHECKING:
     from logdx.diagnose.rootcause import Finding
@@ -107,6 +107,10 @@ def _host_of_root(winner: Finding, summary: CompressionSummary, out: Attribution
             return host, "named in the root line"
         if clean_hostname(named) is None:
             return None, _REFUSED_NAME
+    if (quoted := QUOTED_KERNEL_LINE.search(hit.line.text)) is not None:
+        host = _checked(quoted.group("host"), summary, out, trusted=False)
+        if host is not None:
+            return host, "the kernel line the root line quotes names its host"
     field = winner.event.attrs.get("named_host")
     if isinstance(field, str) and field:  # detect sets it from a regex group: always a str
         host = _checked(field, summary, out, trusted=False)

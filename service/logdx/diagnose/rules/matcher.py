@@ -234,13 +234,17 @@ def _exception_accepted(wanted: frozenset[str], exception_type: str | None, ends
 # ---------------------------------------------------------------------------------------------
 
 
+# What a hint says for a field the line does not give, so that it still reads as a sentence.
+_UNKNOWN_WORDS = {"host": "its node", "rank": "unknown", "local_rank": "unknown"}
+
+
 class _OrQuestionMark(dict[str, str]):
     def __missing__(self, key: str) -> str:
-        return "?"
+        return _UNKNOWN_WORDS.get(key, "?")
 
 
 def render_hint(template: str, groups: dict[str, str], line: Record, event: Event) -> str:
-    """The rule's hint with named groups, then the line's own host/rank/gpu; "?" when unknown."""
+    """The rule's hint with named groups, then the line's own host/rank/gpu; words that say so when unknown."""
     if not template:
         return ""
     ctx = _OrQuestionMark()
