@@ -107,7 +107,8 @@ def _host_of_root(winner: Finding, summary: CompressionSummary, out: Attribution
             return host, "named in the root line"
         if clean_hostname(named) is None:
             return None, _REFUSED_NAME
-    if (quoted := QUOTED_KERNEL_LINE.search(hit.line.text)) is not None:
+    quoted = QUOTED_KERNEL_LINE.search(hit.line.text)
+    if quoted is not None and quoted.group("host") != hit.line.host:  # its own host's line: the basis below
         host = _checked(quoted.group("host"), summary, out, trusted=False)
         if host is not None:
             return host, "the kernel line the root line quotes names its host"
