@@ -33,8 +33,9 @@ MASK_ALTERNATIVES: tuple[tuple[str, str], ...] = (
 MASK_AT_START = r"^[a-z][a-z0-9-]*(?:\.[a-z0-9-]+)+:\d+(?![\w.])"
 # A date with a month name inside a message ("at Fri Jul  1 07:57:30 2005", "Jun 14 15:16:01"): ctime and
 # syslog stamps. Its words are not variables of their own: masked whole, or a month would tell events apart.
+_MONTHS = "(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 _DATE_WORDS = (r"(?=[A-Z][a-z]{2}[ ,])(?:(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun),? +)?"
-               r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +\d{1,2},? +(?:\d{4} +)?"
+               + _MONTHS + r" +\d{1,2},? +(?:\d{4} +)?"
                r"\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?(?: +\d{4})?(?![\w.:])")
 MASK_DATE_WORDS = _NOT_IN_WORD + _DATE_WORDS
 # The lookbehind once for both kinds: the regex is tried at every position of a new shape's text.
@@ -44,8 +45,7 @@ PARAM = "<*>"
 # A host's own kernel line quoted inside another message, as health checkers and alerting tools forward
 # it ("Xid errors on instance: X, Error: May 19 07:08:57 X kernel: [...] NVRM: Xid ..."): its syslog
 # header names the host that printed the fault.
-QUOTED_KERNEL_LINE = re.compile(r"(?<![\w:])(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +\d{1,2} "
-                                r"\d\d:\d\d:\d\d (?P<host>[A-Za-z0-9][\w.-]*) kernel: ")
+QUOTED_KERNEL_LINE = re.compile(r"(?<![\w:])" + _MONTHS + r" +\d{1,2} \d\d:\d\d:\d\d (?P<host>[A-Za-z0-9][\w.-]*) kernel: ")
 
 TRACEBACK_START = "Traceback (most recent call last)"
 # What Python prints before a re-raised exception's own traceback (DataLoader workers, multiprocessing

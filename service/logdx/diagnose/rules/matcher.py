@@ -238,7 +238,7 @@ def _exception_accepted(wanted: frozenset[str], exception_type: str | None, ends
 _UNKNOWN_WORDS = {"host": "its node", "rank": "unknown", "local_rank": "unknown"}
 
 
-class _OrQuestionMark(dict[str, str]):
+class _OrUnknownWords(dict[str, str]):
     def __missing__(self, key: str) -> str:
         return _UNKNOWN_WORDS.get(key, "?")
 
@@ -247,7 +247,7 @@ def render_hint(template: str, groups: dict[str, str], line: Record, event: Even
     """The rule's hint with named groups, then the line's own host/rank/gpu; words that say so when unknown."""
     if not template:
         return ""
-    ctx = _OrQuestionMark()
+    ctx = _OrUnknownWords()
     for key, value in (
         ("host", line.host),
         ("rank", line.rank),
