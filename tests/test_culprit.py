@@ -78,6 +78,23 @@ def test_an_xid_printed_by_its_host_is_blamed_and_corroborated(engine):
     assert report.culprits.corroborated
 
 
+def test_another_nodes_line_inside_a_torchrun_failure_box_is_not_that_boxs_rank(engine):
+    # Two nodes' streams interleave (a service fed by one shipper per node): gpu-node-02's kernel Xid
+    # arrives while gpu-node-01's torchrun prints rank 2's entry of its failure summary. The Xid is
+    # gpu-node-02's, not rank 2's: one node to cordon, not two.
+    box = [f"gpu-node-01: {text}" for text in (
+        "=" * 60, "train.py FAILED", "-" * 60, "Failures:", "  <NO_OTHER_FAILURES>", "-" * 60,
+        "Root Cause (first observed failure):", "[0]:", "  time      : 2025-06-03_10:30:09",
+        "  host      : gpu-node-01", "  rank      : 2 (local_rank: 2)", "  exitcode  : -6 (pid: 14402)",
+        "  error_file: <N/A>", "  traceback : Signal 6 (SIGABRT) received by PID 14402", "=" * 60)]
+    xid = "gpu-node-02: [Tue Jun  3 10:00:05 2025] NVRM: Xid (PCI:0000:3b:00): 79, pid=14405, name=pt_main_thread, " \
+          "GPU has fallen off the bus."
+    report = diagnose(engine, job(box[:12] + [xid] + box[12:]))
+    assert (report.failure_type, report.action) == ("gpu_fell_off_bus", "cordon_and_restart")
+    assert report.culprits.hosts == ["gpu-node-02"] and report.culprits.ranks == [5]
+    assert "failure summary" not in report.culprits.basis
+
+
 @pytest.mark.parametrize("quoted_host, blamed", [("gpu-node-02", ["gpu-node-02"]), ("login-node-7", [])])
 def test_a_kernel_line_a_health_checker_quotes_names_its_host_if_it_is_the_jobs(engine, quoted_host, blamed):
     """A health checker forwards the host's kernel line inside its own message: the quoted syslog header's host

@@ -98,6 +98,14 @@ _BOX_HOST = re.compile(r"^\s*host\s+: ([A-Za-z][\w.-]*)\s*$")
 _BOX_RANK = re.compile(r"^\s*rank\s+: (\d+) \(local_rank")
 # What ends one rank's entry of that box: the next entry ("[2]:"), the box's rules, its "Root Cause" part.
 _BOX_END = re.compile(r"^\s*(?:\[\d+\]:\s*$|={8,}|-{8,}|Root Cause|Failures:|\S+ FAILED\s*$)")
+# Which stream wrote a line (its upload, host and rank label): a torchrun box is one stream's lines.
+_Origin = tuple[int, str | None, int | None]
+
+
+def _origin(rec: Record) -> _Origin:
+    return rec.feed, rec.host, rec.rank
+
+
 # srun's word on a task: "srun: error: node12: task 5: Out Of Memory", "...: tasks 0-3,6: Exited with exit code 1".
 _SRUN_TASKS = re.compile(r"^srun: error: ([A-Za-z][\w.-]*): tasks? ([\d,-]{1,200}): ")
 # The job's allocation as its scheduler prints it: PBS/Torque mail "Exec host: n1/0+n2/0", qstat -f
@@ -344,11 +352,15 @@ class Compressor:
         self._hosts: set[str] = set()
         self._rank_hosts: dict[int, str] = {}
         self._allocated: list[str] | None = None  # the job's nodes, from the scheduler's own lines
-        self._box_host: str | None = None  # the "host :" of a torchrun error box, until its "rank :"
-        # The rank (and host) whose entry of that box is being printed: its error lines are that rank's.
-        self._box: tuple[int, str | None] | None = None
+        # The "host :" of a torchrun error box, until its "rank :", with the stream that printed it.
+        self._box_host: tuple[_Origin, str] | None = None
+        # The rank (and host) whose entry of that box is being printed, and the stream printing it: its
+        # error lines are that rank's. Another stream's lines in between (other nodes' uploads interleave)
+        # are not.
+        self._box: tuple[_Origin, int, str | None] | None = None
         self._srun_tasks: dict[int, str] = {}  # srun's task -> node, from its error lines
-        self._boxes: list[tuple[int, int, int]] = []  # (first line, last line, rank) of ranks' entries in that box
+        # (first line, last line, rank, host of the stream) of ranks' entries in that box
+        self._boxes: list[tuple[int, int, int, str | None]] = []
         self._gpu_ranks: dict[str, int] = {}
         self._first_ts: float | None = None
         self._last_ts: float | None = None
@@ -525,7 +537,7 @@ class Compressor:
                 stats.hosts.add(host)
 
     def _note_topology(self, rec: Record) -> None:
-        if self._note_named_rank_host(rec.text):
+        if self._note_named_rank_host(rec):
             return
         m = _NCCL_COMM.search(rec.text)
         if m is None or rec.host is None or len(self._gpu_ranks) > 3 * self.config.max_ids_per_template:
@@ -538,24 +550,27 @@ class Compressor:
         self._rank_hosts.setdefault(rank, rec.host)
         self._max_rank = max(self._max_rank, rank)
 
-    def _note_named_rank_host(self, text: str) -> bool:
+    def _note_named_rank_host(self, rec: Record) -> bool:
         """A line that names a rank and its host in words (not NCCL's init line), or the job's
         allocation; True if it was one."""
+        text = rec.text
         if (m := _ALLOCATION.search(text)) is not None:
             if self._allocated is None:  # the first statement of the allocation counts
                 self._allocated = allocation_hosts(m.group(1))
             return True
         if (m := _BOX_HOST.match(text)) is not None:
-            self._box_host = m.group(1)
+            self._box_host = (_origin(rec), m.group(1))
             return True
         if (m := _BOX_RANK.match(text)) is not None:
             rank = int(m.group(1))
-            if self._box_host is not None:
-                self._rank_hosts.setdefault(rank, self._box_host)
-            self._box = (rank, self._box_host)
+            origin = _origin(rec)
+            host = self._box_host[1] if self._box_host is not None and self._box_host[0] == origin else None
+            if host is not None:
+                self._rank_hosts.setdefault(rank, host)
+            self._box = (origin, rank, host)
             self._box_host = None
             if len(self._boxes) < _MAX_BOXES:
-                self._boxes.append((self.lines_in, self.lines_in, rank))
+                self._boxes.append((self.lines_in, self.lines_in, rank, rec.host or host))
             return True
         if (m := _SRUN_TASKS.match(text)) is not None:
             host = clean_hostname(m.group(1))
@@ -573,17 +588,19 @@ class Compressor:
         """A line of a rank's entry in torchrun's failure box (its exit code, the traceback of its error file) is
         that rank's report: it gets the rank (and the host) the entry names, unless its own prefix says another."""
         assert self._box is not None
+        origin, rank, host = self._box
+        if _origin(rec) != origin:
+            return
         if _BOX_END.match(rec.text) is not None or _BOX_HOST.match(rec.text) is not None:
             self._box = None
             return
-        rank, host = self._box
         if rec.rank is None:
             rec.rank = rank
             if rec.host is None:
                 rec.host = host
         if self._boxes and self._boxes[-1][2] == rank:
-            first, _, _ = self._boxes[-1]
-            self._boxes[-1] = (first, rec.line_no, rank)
+            first, _, _, box_host = self._boxes[-1]
+            self._boxes[-1] = (first, rec.line_no, rank, box_host)
 
     def _source(self, key: str) -> _SourceState:
         src = self._sources.get(key)

@@ -279,8 +279,9 @@ class CompressionSummary:
     # The job's nodes as its scheduler printed them (PBS "Exec host:", Slurm SLURM_JOB_NODELIST, LSF
     # "executed on host(s)"): a job on exactly one node links a line without a host to that node.
     allocated_hosts: list[str] = field(default_factory=list)
-    # (first line, last line, rank) of each rank's entry in torchrun's failure box: those lines are that rank's.
-    failure_boxes: list[tuple[int, int, int]] = field(default_factory=list)
+    # (first line, last line, rank, host) of each rank's entry in torchrun's failure box: those lines of that
+    # host's stream are that rank's (another node's lines may arrive in between).
+    failure_boxes: list[tuple[int, int, int, str | None]] = field(default_factory=list)
     srun_task_hosts: dict[int, str] = field(default_factory=dict)  # srun's task -> node, when its tasks are ranks
     progress: ProgressSummary = field(default_factory=ProgressSummary)
     # The hosts a sender that may speak for them named (a node's own credential, a collector of the operator's);

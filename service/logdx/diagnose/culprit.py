@@ -122,14 +122,14 @@ def _host_of_root(winner: Finding, summary: CompressionSummary, out: Attribution
     if hit.line.host:
         host = _checked(hit.line.host, summary, out, trusted=True)
         if host is not None:
-            if _in_failure_box(hit.line.line_no, summary):
+            if _in_failure_box(hit.line.line_no, hit.line.host, summary):
                 return host, "torchrun's failure summary names its rank and host"
             return host, "the root line's own host (prefix or stream)"
     return None, ""
 
 
-def _in_failure_box(line_no: int, summary: CompressionSummary) -> bool:
-    return any(first <= line_no <= last for first, last, _ in summary.failure_boxes)
+def _in_failure_box(line_no: int, host: str, summary: CompressionSummary) -> bool:
+    return any(first <= line_no <= last and box_host == host for first, last, _, box_host in summary.failure_boxes)
 
 
 def _one_unnamed_machine(summary: CompressionSummary) -> bool:
