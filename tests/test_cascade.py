@@ -75,7 +75,10 @@ def test_an_llm_that_says_anything_cannot_overturn_a_precise_rule(server):
 def test_where_the_rules_do_not_decide_the_llm_fills_in(server):
     server.script[:] = [("reply", answer("infrastructure", "storage_error", "restart"))]
     report = diagnose(engine_with(server), VENDOR_ERROR)
-    assert (report.category, report.failure_type, report.action) == ("infrastructure", "storage_error", "restart")
+    # The label is the model's; the action it implies is not: no rule or past incident says restart.
+    assert (report.category, report.failure_type, report.action) == ("infrastructure", "storage_error", "no_restart")
+    assert report.decided_by == "llm"
+    assert any("llm proposed restart" in n and "no rule, catalog entry or past incident" in n for n in report.notes)
     assert report.root_cause.text.endswith("backend lost quorum")
     # Decided by a model against a generic fallback: not sure enough for any automatic action.
     assert report.confidence < 0.8

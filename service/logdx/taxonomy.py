@@ -30,6 +30,7 @@ __all__ = [
     "category_of",
     "category_titles",
     "default_action",
+    "reach_of",
     "failure_types_of",
     "is_canonical",
     "advice_of",
@@ -236,6 +237,12 @@ def advice_of(action: Action, failure_type: str | None = None) -> str:
 def is_resubmit(failure_type: str | None) -> bool:
     t = taxonomy().types.get(failure_type or "")
     return bool(t and t.resubmit)
+
+
+def reach_of(action: Action) -> int:
+    """How far an action reaches, 0 for the mildest: taxonomy.yaml lists the actions most drastic first."""
+    order = list(taxonomy().action_meanings)
+    return len(order) - 1 - order.index(action)
 
 
 def default_action(category: Category | str, failure_type: str | None) -> Action:

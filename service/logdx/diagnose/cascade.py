@@ -21,6 +21,7 @@ from logdx.diagnose.health import faults_after_the_end, health_of
 from logdx.diagnose.life import first_stopped
 from logdx.diagnose.rootcause import Finding, RulesOutcome, find_root_cause, likeliest_unexplained
 from logdx.diagnose.rules import RuleSet
+from logdx.diagnose.untrusted import guard_action, without_instructions
 from logdx.model import (
     FT,
     Action,
@@ -107,12 +108,19 @@ class Diagnoser:
         votes = [outcome.vote]
         if (catalog := self.catalog) is not None:
             self._consult("catalog", diagnosis, votes, lambda: catalog(ctx))
+        # What a model reads is data, not instructions to it (untrusted.py).
+        learned_ctx, withheld = without_instructions(ctx)
+        if withheld and (self.retrieval is not None or self.llm is not None):
+            diagnosis.notes.append(f"{withheld} line(s) shaped as instructions to a model were withheld from "
+                                   "retrieval and the LLM")
         if self.retrieval is not None:
             retrieval = self.retrieval
-            self._consult("retrieval", diagnosis, votes, lambda: retrieval.search(ctx, exclude_ids=self.exclude_incidents))
+            self._consult("retrieval", diagnosis, votes,
+                          lambda: retrieval.search(learned_ctx, exclude_ids=self.exclude_incidents))
         if self.llm is not None and (self.llm_always or needs_arbiter(votes, self.weights.split_margin)):
             llm = self.llm
-            self._consult("llm", diagnosis, votes, lambda: llm.score(ctx, votes, exclude_ids=self.exclude_incidents))
+            self._consult("llm", diagnosis, votes,
+                          lambda: llm.score(learned_ctx, votes, exclude_ids=self.exclude_incidents))
         elif self.llm is not None:
             diagnosis.notes.append("llm not consulted: past incidents agree on one label")
         if _rules_decide(outcome):
@@ -202,6 +210,10 @@ def _merge(diagnosis: Diagnosis, result: FusionResult, votes: list[StageVote]) -
     diagnosis.notes.extend(n for n in result.notes if n not in diagnosis.notes)
     if result.label is None:
         return diagnosis
+    guarded, why = guard_action(result.label, result.decided_by, votes)
+    if why:
+        result.label = guarded
+        diagnosis.notes.append(why)
     changed = diagnosis.label is None or (
         (diagnosis.label.category, diagnosis.label.failure_type) != (result.label.category, result.label.failure_type)
     )
