@@ -32,7 +32,8 @@ class ChatServer:
 
     `refuse` lists response_format types answered with 400 (not consuming the script)."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host  # another of this machine's addresses: a server "off this host" as far as URLs tell
         self.script: list[tuple[str, object]] = []
         self.requests: list[dict] = []
         self.refuse: set[str] = set()
@@ -62,15 +63,16 @@ class ChatServer:
                 return _completion(body, str(arg))
             return StreamingResponse(_events(body, str(arg), delay, pause), media_type="text/event-stream")
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, 0))
             self.port = s.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
 
     def __enter__(self) -> ChatServer:
         self.thread.start()

@@ -173,6 +173,10 @@ class LLMSettings(Section):
         "(structured output: vLLM, llama.cpp's server, Ollama, OpenAI); json_object asks for any JSON object; none "
         "relies on the prompt. auto: json_schema, then, where the server refuses it, json_object with the schema "
         "(llama-cpp-python), json_object, none")
+    redact: Literal["auto", "always", "never"] = Field(
+        "auto", description="openai: mask host names, IP addresses, users' home directories, e-mail addresses and "
+        "secrets in what is sent (the same name, the same placeholder; the answer is read back). auto: for a "
+        "base_url that is not on loopback")
     connect_timeout_s: float = Field(5.0, gt=0, description="openai: to connect to the server")
     first_token_timeout_s: float = Field(
         60.0, gt=0, description="openai: from the request to the reply's first token (a cold server loads its model "

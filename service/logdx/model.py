@@ -356,6 +356,7 @@ class FailureContext:
     excerpt: list[str]  # a few raw lines around the root cause (for the LLM prompt)
     exception_type: str | None = None
     root_message: str = ""  # the root line without its launcher/host/rank prefixes
+    hosts: tuple[str, ...] = ()  # the machines these lines came from (what a prompt for a hosted model masks)
 
     def as_query(self) -> str:
         """The text that is embedded for nearest-neighbour search."""

@@ -603,6 +603,8 @@ def failure_context(root: Record | None, winner: Finding | None, templates: Sequ
     elif root is not None:
         excerpt = [root.raw]
     event = winner.event if winner else None
+    hosts = {r.host for r in (winner.event.lines if winner else ())} | {root.host if root else None}
+    hosts |= {h for t in templates if t.error_bearing for h in t.hosts}
     return FailureContext(
         root_text=root_text,
         root_masked=mask(root.text) if root else "",
@@ -610,6 +612,7 @@ def failure_context(root: Record | None, winner: Finding | None, templates: Sequ
         excerpt=excerpt,
         exception_type=event.exception_type if event else None,
         root_message=root.text if root else "",
+        hosts=tuple(sorted(h for h in hosts if h)),
     )
 
 

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from logdx.config import LLMSettings
 from logdx.diagnose.llm.labels import candidate_labels, example_dict, query_lines
 from logdx.diagnose.llm.prompts import Prompts
+from logdx.diagnose.llm.redact import Redactor, redacts
 from logdx.diagnose.llm.stage import BaseStage, ExampleSource, LLMUnavailable
 from logdx.model import Action, Category, Evidence, FailureContext, Label, StageVote
 from logdx.taxonomy import action_meanings, default_action, failure_types_of, is_canonical, taxonomy
@@ -159,6 +160,7 @@ class OpenAICompatibleClient(BaseStage):
         self.settings = settings
         self.prompts = prompts or Prompts()
         self.schema = reply_schema()
+        self.redacts = redacts(settings.redact, settings.base_url)  # names masked before they leave (redact.py)
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
         if settings.api_key:
             headers["Authorization"] = f"Bearer {settings.api_key}"
@@ -181,8 +183,10 @@ class OpenAICompatibleClient(BaseStage):
     # -- the request ----------------------------------------------------------------------------
 
     def messages(
-        self, ctx: FailureContext, prior_votes: Sequence[StageVote] = (), examples: Sequence[Any] = ()
+        self, ctx: FailureContext, prior_votes: Sequence[StageVote] = (), examples: Sequence[Any] = (),
+        redactor: Redactor | None = None,
     ) -> list[dict[str, str]]:
+        """The request's messages; with a `redactor`, the log's names masked (what goes to a hosted model)."""
         cands = [f"{lab.category.value}/{lab.failure_type}" for lab in candidate_labels(prior_votes, ctx, 8)]
         user = self.prompts.render(
             "chat/user.j2",
@@ -191,6 +195,8 @@ class OpenAICompatibleClient(BaseStage):
             exception_type=ctx.exception_type,
             lines=query_lines(ctx, 20),
         )
+        if redactor is not None:
+            user = redactor.mask(user)
         return [{"role": "system", "content": self._system()}, {"role": "user", "content": user}]
 
     def _system(self) -> str:
@@ -308,7 +314,9 @@ class OpenAICompatibleClient(BaseStage):
                 raise LLMUnavailable(f"invalid reply twice ({second})") from second
 
     def _vote(self, ctx: FailureContext, prior_votes: Sequence[StageVote], examples: Sequence[Any]) -> StageVote:
-        answer = self.ask(self.messages(ctx, prior_votes, examples))
+        redactor = Redactor(ctx.hosts) if self.redacts else None
+        answer = self.ask(self.messages(ctx, prior_votes, examples, redactor))
+        explanation = redactor.unmask(answer.explanation) if redactor is not None else answer.explanation
         action = answer.action or default_action(answer.category, answer.failure_type)
         label = Label(answer.category, answer.failure_type, action)
         lines = query_lines(ctx, 20)
@@ -318,7 +326,7 @@ class OpenAICompatibleClient(BaseStage):
         evidence = [Evidence(line_no=None, text=root, source=f"llm:{self.name}")] if root else []
         return StageVote(
             source="llm", scores=[(label, answer.confidence)], evidence=evidence,
-            explanation=" ".join(answer.explanation.split()) or None,
+            explanation=" ".join(explanation.split()) or None,
         )
 
     # -- warm-up --------------------------------------------------------------------------------
