@@ -200,21 +200,50 @@ def _wait_reading_stdin(pid: int, timeout_s: float = 60.0) -> None:
     raise AssertionError("the CLI never got to read its standard input")
 
 
-def test_ctrl_c_on_stdin_is_one_line_and_exit_130():
+def _pipe_holds(fd: int) -> int:
+    """Bytes written to a pipe and not read yet."""
+    import array
+    import fcntl
+    import termios
+
+    n = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, n, True)
+    return n[0]
+
+
+def _live_diagnose(*args: str) -> subprocess.Popen:
     code = "import sys; from logdx.cli import diagnose_main; sys.exit(diagnose_main())"
     # a shell's background job inherits SIGINT ignored (POSIX), and Python then keeps it ignored: give
     # the child the terminal's default so the test means the same however the suite was started
-    proc = subprocess.Popen([sys.executable, "-c", code, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-c", code, "-", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=ENV,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def test_ctrl_c_on_a_live_stream_prints_the_report_of_what_was_read_and_exits_130():
+    proc = _live_diagnose("--json", "--no-store")
     assert proc.stdin is not None
     proc.stdin.write(ECC_LOG.encode())
-    proc.stdin.flush()  # like `kubectl logs -f`: lines came, the stream stays open
-    _wait_reading_stdin(proc.pid)  # imports done, blocked reading fd 0 (however slow the machine)
+    proc.stdin.flush()  # like `kubectl logs -f trainer-0 | diagnose -`: lines came, the stream stays open
+    deadline = time.monotonic() + 120
+    while _pipe_holds(proc.stdin.fileno()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the CLI has read every line written...
+    _wait_reading_stdin(proc.pid)  # ...and waits for more (however slow the machine)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert err.decode().strip() == "diagnose: interrupted"
+    report = json.loads(out)
+    assert (report["failure_type"], report["culprits"]["ranks"]) == ("ecc_error", [11])
+    assert any(n.startswith(f"partial: interrupted (Ctrl-C) after {ECC_LOG.count(chr(10))} lines") for n in report["notes"])
+
+
+def test_ctrl_c_before_any_line_is_one_line_and_exit_130():
+    proc = _live_diagnose()
+    _wait_reading_stdin(proc.pid)  # imports done, blocked reading fd 0, nothing written
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.decode().strip() == "diagnose: interrupted" and out == b""
 
 
 def test_prompts_check_renders_every_template():

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from logdx import formats
+from logdx.cli.interrupt import Interrupted, until_interrupted
 from logdx.faces import (
+    EXIT_INTERRUPTED,
     EXIT_OK,
     UsageError,
     add_color_args,
@@ -98,6 +100,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     except (InputError, FormatError) as e:
         raise UsageError(str(e)) from None
     report = diagnosed.report
+    if report.status == "empty" and diagnosed.partial:
+        raise KeyboardInterrupt  # stopped before a line came: nothing to report
     if report.status == "empty":
         what = "stdin" if logs == ["-"] else " ".join(logs)
         raise UsageError(f"{what}: no log lines to diagnose (empty input)")
@@ -110,7 +114,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:
         sys.stdout.write(render_text(report, color=use_color(args, sys.stdout)))
-    return EXIT_OK
+    return EXIT_INTERRUPTED if diagnosed.partial else EXIT_OK
 
 
 @dataclass(slots=True)
@@ -120,6 +124,7 @@ class Diagnosed:
     hosts: list[str]  # every host the log named: nodes `logdx nodes` has now seen
     templates: list[TemplateStats]  # the job's Drain templates (what `logdx mcp` shows an agent)
     session: Session | None = None  # what diagnosed it (the job page is drawn from its state)
+    partial: bool = False  # the reading was interrupted: the report is of what was read until then
 
 
 def _write_page(path: str, job_id: str, diagnosed: Diagnosed) -> None:
@@ -216,16 +221,25 @@ def diagnose_file(engine: Engine, path: str, fmt: str, exit_code: int | None = N
                 session.feed_lines(iter_lines(f, max_line))
                 return {}
             refused: dict[str, int] = {}
-            for batch in formats.read_stream(f, _meta(engine.settings), chosen):
+            batches = formats.read_stream(f, _meta(engine.settings), chosen)
+            for batch in (until_interrupted(batches, interrupted) if name == "stdin" else batches):
                 session.feed_runs((source, lines) for _, source, lines in batch.runs)
                 for reason, n in batch.refused.items():
                     refused[reason] = refused.get(reason, 0) + n
             return refused
 
+        interrupted = Interrupted()
         try:
-            return _diagnose(engine, feed, exit_code, fr)
+            with interrupted.on_sigint():
+                diagnosed = _diagnose(engine, feed, exit_code, fr)
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
             raise InputError(f"{name}: truncated or corrupt gzip data ({e})") from None
+        if interrupted.stopped:
+            diagnosed.partial = True
+            diagnosed.report.notes.append(
+                f"partial: interrupted (Ctrl-C) after {diagnosed.report.compression.lines_in:,} lines; this is what "
+                "they show, and the job may still be running")
+        return diagnosed
 
 
 def diagnose_files(engine: Engine, files: list[LogFile], fmt: str, exit_code: int | None = None,

@@ -173,10 +173,12 @@ def choose(meta: Meta, *, name: str | None = None, content_type: str | None = No
 
 
 def read_stream(f: BinaryIO, meta: Meta, name: str | None = None, piece: int = 1 << 20) -> Iterator[Batch]:
-    """A whole input (a file, stdin), piece by piece, as batches."""
+    """A whole input (a file, stdin), piece by piece, as batches. A piece is what the input has ready (up to
+    `piece` bytes): lines piped in from a live job are read as they come, not once a megabyte has gathered."""
     _, parser = choose(meta, name=name, http=False)
+    read = getattr(f, "read1", f.read)
     while True:
-        data = f.read(piece)
+        data = read(piece)
         if not data:
             break
         batch = parser.feed(data)
