@@ -37,7 +37,7 @@ from logdx.patterns import (
     strip_traceback_prefix,
     traceback_prefix,
 )
-from logdx.stacks import classify_line, is_stack_start
+from logdx.stacks import classify_line, is_stack_start, section_name
 from logdx.timeline import (
     LossSignal,
     ProgressShape,
@@ -308,6 +308,7 @@ class _Shape:
     # Starts a block kept whole although its lines carry no error word: "stack" (a py-spy / faulthandler /
     # gdb dump), "fr" (a report of torch's flight-recorder analyser). None: not one.
     block: str | None = None
+    section: bool = False  # may name the stack dumps that follow it (stacks.section_name)
 
 
 @dataclass(slots=True)
@@ -325,6 +326,14 @@ class _SourceState:
     last_line: int = 0  # its last line of any kind, and that line's time: which rank went quiet
     last_ts: float | None = None
     quiet: int = 0  # its lines without an error word: did it go on doing its work?
+    # The name the line before its stack dumps gave them (a node's file, a host: stacks.section_name), and how
+    # many lines since that line or the last dump line: a name stops naming dumps a few lines after them.
+    section: str | None = None
+    section_gap: int = 0
+
+
+# Lines between a section's name and its dumps, or between its dumps ("4 in:", blanks, a markdown fence).
+_SECTION_GAP = 6
 
 
 @dataclass
@@ -434,14 +443,37 @@ class Compressor:
             return [KeptLine(record=signal.record, template_id=stats.template_id, reason="loss",
                              divergence=signal.divergence)]
         loss_anomaly = signal is not None and signal.kind == "nan"
+        named = shape.section and self._open_section(src, text)
         if (src.in_traceback or src.after_exception or shape.traceback or loss_anomaly or shape.error
                 or src.in_block or shape.block or stats.count <= self.config.first_lines_per_template):
             reason = self._keep_reason(rec, shape, stats, src, loss_anomaly)
             if reason is not None:
-                return [self._keep(rec, stats, reason)]
+                kept = self._keep(rec, stats, reason)
+                if src.section is not None and not named:
+                    self._in_section(src, kept)
+                return [kept]
+        if src.section is not None and not named:
+            self._in_section(src, None)
         # The common case: a line like many before it, remembered only in its source's tail.
         src.tail.append(rec)
         return []
+
+    @staticmethod
+    def _open_section(src: _SourceState, text: str) -> bool:
+        name = section_name(text)
+        if name is not None:
+            src.section, src.section_gap = name, 0
+        return name is not None
+
+    @staticmethod
+    def _in_section(src: _SourceState, kept: KeptLine | None) -> None:
+        """A dump's line under a section's name carries that name; other lines end the section soon."""
+        if kept is not None and kept.reason == "stack":
+            kept.section, src.section_gap = src.section, 0
+            return
+        src.section_gap += 1
+        if src.section_gap > _SECTION_GAP:
+            src.section = None
 
     def _new_shape(self, key: bytes, masked: str, text: str) -> _Shape:
         if len(self._shapes) >= self.config.mask_cache_size:
@@ -462,6 +494,7 @@ class Compressor:
             checkpoint=checkpoint,
             completion=completion,
             block="stack" if is_stack_start(text) else "fr" if is_report_start(text) else None,
+            section=section_name(text) is not None,
             # A line of digits no form knows may be a counter: the timeline learns it (or not).
             watch=checkpoint or completion or (progress is None and not error and len(key) < len(text) and may_count(text)),
             topology=("NCCL INFO comm" in masked and "busId" in masked) or "[Rank <*>] [job id" in masked

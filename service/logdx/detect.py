@@ -109,6 +109,7 @@ class _OpenStack:
 
     header: Record
     pid: int | None = None
+    section: str | None = None  # the name the collection gave the dumps (a node's file, a host): KeptLine.section
     threads: list[_Thread] = field(default_factory=list)
     group: list[_Thread] = field(default_factory=list)  # the threads the next frames belong to
     lines: list[Record] = field(default_factory=list)
@@ -139,9 +140,12 @@ class _OpenStack:
         return [self._event(mains[0] if mains else _likely_main(threads), self.pid)]
 
     def _event(self, t: _Thread, pid: object) -> Event:
+        attrs: dict[str, object] = {"pid": pid, "thread": t.name, "threads": len(self.threads),
+                                    "frame_lines": list(reversed(t.records))}
+        if self.section is not None:
+            attrs["section"] = self.section
         return Event(kind=EventKind.STACK_DUMP, anchor=t.records[0], lines=self.lines, frames=list(reversed(t.frames)),
-                     attrs={"pid": pid, "thread": t.name, "threads": len(self.threads),
-                            "frame_lines": list(reversed(t.records))})
+                     attrs=attrs)
 
 
 _MAX_STACK_THREADS = 256
@@ -183,7 +187,7 @@ class Detector:
         key = rec.source_key
         self._note_named_host(key, rec)
         if kept.reason == "stack":
-            return self._stack_line(key, rec)
+            return self._stack_line(key, rec, kept.section)
         if kept.reason == "fr":
             self._reports.setdefault(key, []).append(rec)
             return []
@@ -265,14 +269,15 @@ class Detector:
 
     # -- stack dumps --------------------------------------------------------------------------------
 
-    def _stack_line(self, key: str, rec: Record) -> list[Event]:
+    def _stack_line(self, key: str, rec: Record, section: str | None) -> list[Event]:
         what = classify_line(rec.text)
         out: list[Event] = []
         dump = self._stacks.get(key)
-        if what is None or what.kind == "process" or dump is None:
+        # Another node's dumps (a new section) start a dump of their own, "Process" line or not (grouped dumps).
+        if what is None or what.kind == "process" or dump is None or dump.section != section:
             if dump is not None:
                 out = self._close_stack(key)
-            dump = self._stacks[key] = _OpenStack(header=rec)
+            dump = self._stacks[key] = _OpenStack(header=rec, section=section)
         if what is None:
             return self._count(out)
         dump.lines.append(rec)

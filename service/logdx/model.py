@@ -175,6 +175,7 @@ class KeptLine:
     template_id: int
     reason: str  # "error" | "traceback" | "new_template" | "tail" | "loss"
     divergence: Divergence | None = None  # reason "loss": the divergence the line began, once confirmed
+    section: str | None = None  # reason "stack": the name the collection gave this dump (stacks.section_name)
 
 
 @dataclass(slots=True)

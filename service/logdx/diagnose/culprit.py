@@ -15,13 +15,14 @@ training script can print "Node failure on gpu-007".
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from logdx.diagnose.life import stopped_by_output, stopped_by_progress
-from logdx.hosts import clean_hostname
+from logdx.hosts import clean_hostname, job_host_in_name
 from logdx.model import FT, Attribution, CompressionSummary, Event, EventKind, Role
 from logdx.patterns import QUOTED_KERNEL_LINE, pci_key
 
@@ -69,6 +70,8 @@ def _from_root(winner: Finding, findings: Sequence[Finding], summary: Compressio
         host = _checked(summary.rank_hosts[rank], summary, out, trusted=True)
         basis = "srun's error on the task names its node" if summary.srun_task_hosts.get(rank) == host \
             else "the rank's own lines name its host"
+    if host is None and rank is None:
+        host, rank, basis = _from_section(winner.event, summary, out)
     if host is None and rank is None:
         host, rank, basis = _linked(winner, findings, summary)
     if host is None and len(summary.allocated_hosts) == 1:
@@ -176,6 +179,41 @@ def _linked(winner: Finding, findings: Sequence[Finding], summary: CompressionSu
             (host, rank), = owners.items()
             return clean_hostname(host), rank, "GPU address found on one host only"
     return None, None, ""
+
+
+_SECTION_BASIS = "the section header of its dump names its host"
+_NODE_NUMBER = re.compile(r"^(?:node|host) ?#?(\d+)$", re.I)
+_TRAILING_NUMBER = re.compile(r"(\d+)$")
+
+
+def _from_section(event: Event, summary: CompressionSummary, out: Attribution) -> tuple[str | None, int | None, str]:
+    """A stack dump in a collection of every node's dumps: the host the collection's header names for it (one of
+    the job's hosts, never a file's name), and the rank of its pid on that host (pids repeat across nodes)."""
+    name = event.attrs.get("section") if event.kind == EventKind.STACK_DUMP else None
+    if not isinstance(name, str):
+        return None, None, ""
+    host = _job_host_named(name, summary)
+    if host is None:
+        out.notes.append(f"the dump's section header {name[:80]!r} names none of the job's hosts: no host taken from it")
+        return None, None, ""
+    rank = _rank_on_host(host, None, event, summary)
+    return host, rank, _SECTION_BASIS + ("; its pid is that rank's on the host" if rank is not None else "")
+
+
+def _job_host_named(name: str, summary: CompressionSummary) -> str | None:
+    """The one job host a header names: the host itself, a file name that holds it (trace-node12.out), or a
+    note's "Node 48" when exactly one of the job's hosts is numbered 48."""
+    known = set(summary.hosts) | set(summary.allocated_hosts) | set(summary.rank_hosts.values())
+    host = clean_hostname(name)
+    if host is not None and host in known:
+        return host
+    matched = job_host_in_name(name, known)
+    if matched is not None:
+        return matched
+    if (m := _NODE_NUMBER.match(name)) is not None:
+        numbered = {h for h in known if (t := _TRAILING_NUMBER.search(h)) is not None and int(t.group(1)) == int(m.group(1))}
+        return numbered.pop() if len(numbered) == 1 else None
+    return None
 
 
 def _rank_on_host(host: str, gpu: str | None, event: Event, summary: CompressionSummary) -> int | None:

@@ -94,10 +94,11 @@ def _minority(events: list[Event], majority: str | None, processes: int, confide
 
 
 def _latest_per_process(dumps: list[Event]) -> list[Event]:
-    """A process dumped twice (py-spy run again a minute later): its last dump says where it is."""
-    latest: dict[tuple[str, object], Event] = {}
+    """A process dumped twice (py-spy run again a minute later): its last dump says where it is. The same pid
+    under two nodes' names (a collection of every node's dumps) is two processes."""
+    latest: dict[tuple[str, object, object], Event] = {}
     for e in dumps:
-        latest[(e.anchor.source_key, e.attrs.get("pid"))] = e
+        latest[(e.anchor.source_key, e.attrs.get("section"), e.attrs.get("pid"))] = e
     return list(latest.values())
 
 

@@ -1,0 +1,128 @@
+"""The hung rank of a collection of every node's stack dumps (py-spy run on each node of a hung job, the
+outputs put together under each node's name): its host from the collection's header when that host is one of
+the job's, and its rank through its pid on that host (pids repeat across nodes); never a file's name as a host.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from logdx.pipeline import Engine
+from logdx.testing import diagnose_lines
+
+HOSTS = ("gpu-node-01", "gpu-node-02")
+PER_NODE = 4
+# Each node's launcher started its workers alike: the same pids on both nodes.
+PIDS = {r: 31870 + r % PER_NODE for r in range(PER_NODE * len(HOSTS))}
+BUS = ("1b000", "3b000", "5d000", "8a000")
+
+COLLECTIVE = ["    all_reduce (torch/distributed/distributed_c10d.py:2050)",
+              "    wrapper (torch/distributed/c10d_logger.py:75)",
+              "    reduce_grads (megatron/core/distributed/finalize_model_grads.py:120)",
+              "    train_step (megatron/training/training.py:600)",
+              "    train (megatron/training/training.py:1212)",
+              "    <module> (pretrain_gpt.py:240)"]
+DATALOADER = ["    wait (threading.py:324)", "    get (queue.py:180)",
+              "    _try_get_data (torch/utils/data/dataloader.py:1133)",
+              "    _get_data (torch/utils/data/dataloader.py:1294)",
+              "    __next__ (torch/utils/data/dataloader.py:631)",
+              "    get_batch (pretrain_gpt.py:88)",
+              "    train (megatron/training/training.py:1190)",
+              "    <module> (pretrain_gpt.py:240)"]
+
+
+def training(*, nccl: bool = True) -> list[str]:
+    """A 2-node x 4-GPU job as pdsh tees it: NCCL's init lines (host, pid, rank), then progress, then nothing:
+    the job hangs (NCCL's timeout set to hours), and the operator pastes every node's py-spy dump after it."""
+    ranks = range(PER_NODE * len(HOSTS))
+    out = []
+    for r in ranks:
+        h, local = HOSTS[r // PER_NODE], r % PER_NODE
+        if nccl:
+            out.append(f"{h}:{PIDS[r]}:{PIDS[r]} [{local}] NCCL INFO Bootstrap : Using eth0:10.0.0.{11 + r // PER_NODE}<0>")
+            out.append(f"{h}:{PIDS[r]}:{PIDS[r] + 9} [{local}] NCCL INFO comm 0x55d0a8c0 rank {r} nranks {len(ranks)} "
+                       f"cudaDev {local} busId {BUS[local]} commId 0x9f3c - Init COMPLETE")
+        else:
+            out.append(f"{h}: [rank{r}]: > initialized tensor model parallel with size 4 on local rank {local}")
+    for it in range(1, 30):
+        out.append(f"{HOSTS[-1]}: [rank{ranks[-1]}]: iteration {it:>6}/ 10000 | consumed samples: {it * 512} | "
+                   f"elapsed time per iteration (ms): 1402.{it} | lm loss: {7 - it * 0.01:.6E} | grad norm: 1.2{it % 10} |")
+    return out
+
+
+def node_dumps(host_index: int, hung: int | None) -> list[str]:
+    """One node's `pgrep -P $(pgrep -o python) | xargs -I {} py-spy dump --pid {}`: every worker's threads."""
+    out = []
+    for local in range(PER_NODE):
+        r = host_index * PER_NODE + local
+        pid = PIDS[r]
+        out += [f"Process {pid}: /usr/bin/python3 -u pretrain_gpt.py --tensor-model-parallel-size 4 --micro-batch-size 1",
+                "Python v3.10.12 (/usr/bin/python3.10)", "", f'Thread {pid} (active): "MainThread"']
+        out += DATALOADER if r == hung else COLLECTIVE
+        out += [f'Thread {pid + 214} (idle): "pt_autograd_0"',
+                "    wait (threading.py:320)", "    run (threading.py:953)", "    _bootstrap_inner (threading.py:1016)",
+                f'Thread {pid + 233} (idle): "Thread-3 (_pin_memory_loop)"',
+                "    get (multiprocessing/queues.py:113)", "    do_one_step (torch/utils/data/_utils/pin_memory.py:31)",
+                "    _pin_memory_loop (torch/utils/data/_utils/pin_memory.py:54)", "    run (threading.py:953)", ""]
+    return out
+
+
+def collection(header, hung: int) -> list[str]:
+    out = []
+    for i, h in enumerate(HOSTS):
+        out += header(h) + node_dumps(i, hung)
+    return out
+
+
+HEADERS = {
+    "tail -n +1 trace-*.out": lambda h: [f"==> trace-{h}.out <=="],
+    "for f in trace-*; do echo $f; cat $f; done": lambda h: [f"trace-{h}"],
+    "a host name alone": lambda h: ["", f"{h}:"],
+    "a markdown note": lambda h: ["", f"### {h}", "", "```"],
+}
+
+
+@pytest.mark.parametrize("form", HEADERS)
+def test_the_hung_rank_of_a_collection_is_its_nodes_pid(engine: Engine, form: str) -> None:
+    """The pid alone names two processes (one per node): the header says which node's dump it is."""
+    report = diagnose_lines(engine, training() + collection(HEADERS[form], hung=6), exit_code=None)
+    assert (report.failure_type, report.culprits.hosts, report.culprits.ranks) == ("framework_hang", ["gpu-node-02"], [6])
+    assert "section header" in report.culprits.basis
+    assert "_try_get_data" in report.root_cause.text
+
+
+def test_a_header_without_a_pid_map_names_the_host_only(engine: Engine) -> None:
+    report = diagnose_lines(engine, training(nccl=False) + collection(HEADERS["tail -n +1 trace-*.out"], hung=1),
+                            exit_code=None)
+    assert (report.failure_type, report.culprits.hosts, report.culprits.ranks) == ("framework_hang", ["gpu-node-01"], [])
+    assert "section header" in report.culprits.basis
+
+
+def test_a_header_naming_no_host_of_the_job_gives_no_host(engine: Engine) -> None:
+    """A collection gathered on other machines' names (a login node's copy, a renamed file): never a culprit.
+    (A guard: before collections were read, no header was taken as a host either.)"""
+    lines = training()
+    for i, name in enumerate(("login-01", "login-02")):
+        lines += [f"==> /scratch/hang-dumps/{name}.txt <=="] + node_dumps(i, hung=6 if i else None)
+    report = diagnose_lines(engine, lines, exit_code=None)
+    assert report.failure_type == "framework_hang"
+    assert report.culprits.hosts == [] and report.culprits.ranks == []
+
+
+def test_grouped_dumps_under_a_notes_node_number(engine: Engine) -> None:
+    """A hand-written note of the dumps (py-spy's stacks grouped, "4 in:", the node by its number): the node
+    numbered 49 is the one host of the job whose name ends in 49."""
+    hosts = ("jean-zay-iam48", "jean-zay-iam49")
+    lines = []
+    for r in range(8):
+        h, local, pid = hosts[r // 4], r % 4, 688510 + r % 4
+        lines.append(f"{h}:{pid}:{pid + 9} [{local}] NCCL INFO comm 0x7f3a40 rank {r} nranks 8 cudaDev {local} "
+                     f"busId {BUS[local]} commId 0x51c2 - Init COMPLETE")
+    lines += [f"{hosts[0]}: [rank0]:  iteration {it:8d}/  95367 | lm loss: {2.3 - it * 1e-4:.6E} |" for it in range(1, 20)]
+    lines += ["", "Node 48:", "", "4 in:", "", "```"]
+    lines += [f'Thread {688510 + i} (active): "MainThread"' for i in range(4)] + COLLECTIVE + ["```", ""]
+    lines += ["Node 49", "", "3 in:", "```"]
+    lines += [f'Thread {688510 + i} (active): "MainThread"' for i in (0, 1, 3)] + COLLECTIVE + ["```", "", "1 in:", "```"]
+    lines += ['Thread 688512 (idle): "MainThread"'] + DATALOADER + ["```"]
+    report = diagnose_lines(engine, lines, exit_code=None)
+    assert (report.failure_type, report.culprits.hosts, report.culprits.ranks) == ("framework_hang", ["jean-zay-iam49"], [6])
