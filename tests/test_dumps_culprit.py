@@ -126,3 +126,53 @@ def test_grouped_dumps_under_a_notes_node_number(engine: Engine) -> None:
     lines += ['Thread 688512 (idle): "MainThread"'] + DATALOADER + ["```"]
     report = diagnose_lines(engine, lines, exit_code=None)
     assert (report.failure_type, report.culprits.hosts, report.culprits.ranks) == ("framework_hang", ["jean-zay-iam49"], [6])
+
+
+# -- a process in uninterruptible sleep, in `ps` printed into the hung job's log ---------------------------
+
+def watchdogs(silent: set[int]) -> list[str]:
+    return [f"{HOSTS[r // PER_NODE]}: [rank{r}]:[E1203 04:12:09.481516 {PIDS[r]} ProcessGroupNCCL.cpp:632] [Rank {r}] "
+            "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=88213, OpType=ALLREDUCE, NumelIn=1, "
+            "NumelOut=1, Timeout(ms)=600000) ran for 600081 milliseconds before timing out."
+            for r in range(PER_NODE * len(HOSTS)) if r not in silent]
+
+
+def ps_aux(host: str, stuck_local: int | None) -> list[str]:
+    """`pdsh -w <node> 'ps aux | grep [p]ython'`: the header went with grep; a kernel thread in D state is noise."""
+    rows = [f"{host}: root      1187  0.0  0.0      0     0 ?        D    Dec02   0:41 [jbd2/nvme0n1p1-8]"]
+    for local in range(PER_NODE):
+        pid, d = PIDS[local], local == stuck_local
+        rows.append(f"{host}: alice    {pid} {'0.0' if d else '99.7'}  2.1 52345672 2834560 ?      {'Dl' if d else 'Rl'}   "
+                    f"03:01 512:33 /usr/bin/python3 -u pretrain_gpt.py --tensor-model-parallel-size 4")
+    return rows
+
+
+def test_the_silent_ranks_process_stuck_in_the_kernel_corroborates_its_node(engine: Engine) -> None:
+    """Rank 6 never reported the timeout the others did; ps on its node shows its process in D state."""
+    lines = training() + watchdogs({6}) + ps_aux(HOSTS[0], None) + ps_aux(HOSTS[1], 2)
+    report = diagnose_lines(engine, lines, exit_code=None)
+    assert (report.failure_type, report.culprits.hosts, report.culprits.ranks) == ("hang", ["gpu-node-02"], [6])
+    assert report.culprits.corroborated and report.action == "cordon_and_restart"
+    assert "uninterruptible sleep" in report.culprits.basis
+    assert any(e.source == "detect:process_state" and f" {PIDS[6]} " in e.text for e in report.evidence)
+
+
+def test_a_listing_of_a_node_names_the_process_no_dump_shows(engine: Engine) -> None:
+    """Every dumped process waits in the collective; `ps -eo` on the other node, under its file's name, shows
+    the one they wait for in D state inside NFS: its node and rank are named (one signal: no cordon)."""
+    ps = ["==> ps-gpu-node-02.txt <==", "    PID STAT WCHAN                            COMMAND"]
+    ps += [f" {PIDS[4 + local]} {'D ' if local == 2 else 'Rl'}   {'nfs_wait_bit_killable' if local == 2 else '-':32} "
+           "/usr/bin/python3 -u pretrain_gpt.py --tensor-model-parallel-size 4" for local in range(PER_NODE)]
+    lines = training() + ["==> trace-gpu-node-01.out <=="] + node_dumps(0, None) + ps
+    report = diagnose_lines(engine, lines, exit_code=None)
+    assert (report.failure_type, report.culprits.hosts, report.culprits.ranks) == ("hang", ["gpu-node-02"], [6])
+    assert not report.culprits.corroborated and report.action == "restart"
+    assert "nfs_wait_bit_killable" in report.explanation
+
+
+def test_a_process_in_d_state_in_a_running_job_is_no_fault(engine: Engine) -> None:
+    """A snapshot of a job that trains on: a worker reading its shard from disk is in D state for a moment."""
+    lines = training() + ps_aux(HOSTS[1], 1) + training()[-5:]
+    report = diagnose_lines(engine, lines, exit_code=0)
+    assert report.status == "healthy"
+    assert not report.culprits.hosts

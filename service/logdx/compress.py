@@ -37,6 +37,7 @@ from logdx.patterns import (
     strip_traceback_prefix,
     traceback_prefix,
 )
+from logdx.procs import ProcessState, PsColumns, aux_row, header_columns, row_in
 from logdx.stacks import classify_line, is_stack_start, section_name
 from logdx.timeline import (
     LossSignal,
@@ -309,6 +310,9 @@ class _Shape:
     # gdb dump), "fr" (a report of torch's flight-recorder analyser). None: not one.
     block: str | None = None
     section: bool = False  # may name the stack dumps that follow it (stacks.section_name)
+    ps_header: PsColumns | None = None  # a `ps` header: the rows after it are read by its columns (procs.py)
+    ps_row: int = 0  # a `ps aux` row: 1, one in uninterruptible sleep (state D): 2
+    collected: bool = False  # any of the three above: a line of what an operator collected from the nodes
 
 
 @dataclass(slots=True)
@@ -330,6 +334,7 @@ class _SourceState:
     # many lines since that line or the last dump line: a name stops naming dumps a few lines after them.
     section: str | None = None
     section_gap: int = 0
+    ps: PsColumns | None = None  # the columns of the `ps` listing being printed
 
 
 # Lines between a section's name and its dumps, or between its dumps ("4 in:", blanks, a markdown fence).
@@ -443,33 +448,74 @@ class Compressor:
             return [KeptLine(record=signal.record, template_id=stats.template_id, reason="loss",
                              divergence=signal.divergence)]
         loss_anomaly = signal is not None and signal.kind == "nan"
-        named = shape.section and self._open_section(src, text)
+        listed = False  # a line of a collection of the nodes' dumps and listings (keeps its section open)
+        if shape.collected or src.ps is not None:
+            listed, kept = self._collection_line(rec, shape, stats, src)
+            if kept is not None:
+                return [kept]
         if (src.in_traceback or src.after_exception or shape.traceback or loss_anomaly or shape.error
                 or src.in_block or shape.block or stats.count <= self.config.first_lines_per_template):
             reason = self._keep_reason(rec, shape, stats, src, loss_anomaly)
             if reason is not None:
-                kept = self._keep(rec, stats, reason)
-                if src.section is not None and not named:
-                    self._in_section(src, kept)
-                return [kept]
-        if src.section is not None and not named:
-            self._in_section(src, None)
+                return [self._keep_in(src, rec, stats, reason, listed)]
+        if src.section is not None:
+            self._in_section(src, None, listed)
         # The common case: a line like many before it, remembered only in its source's tail.
         src.tail.append(rec)
         return []
 
-    @staticmethod
-    def _open_section(src: _SourceState, text: str) -> bool:
-        name = section_name(text)
-        if name is not None:
+    def _collection_line(self, rec: Record, shape: _Shape, stats: TemplateStats,
+                         src: _SourceState) -> tuple[bool, KeptLine | None]:
+        """A line of what an operator collected from the nodes of a hung job: the name of a node's part (a
+        section header), a line of a `ps` listing; the row of a process in state D is kept. Returns (whether
+        it is one of those, the line kept)."""
+        if shape.section and (name := section_name(rec.text)) is not None:
             src.section, src.section_gap = name, 0
-        return name is not None
+            return True, None
+        if shape.ps_header is None and not shape.ps_row and src.ps is None:
+            return False, None
+        listed, stuck = self._ps_line(src, shape, rec.text)
+        if stuck is not None and self._room():
+            kept = self._keep_in(src, rec, stats, "dstate", True)
+            kept.process = stuck
+            return True, kept
+        return listed, None
+
+    def _keep_in(self, src: _SourceState, rec: Record, stats: TemplateStats, reason: str, listed: bool) -> KeptLine:
+        """Keep a line of `src`, with the name of the section it is printed in (if it is a dump's, a process's)."""
+        kept = self._keep(rec, stats, reason)
+        if src.section is not None:
+            self._in_section(src, kept, listed)
+        return kept
 
     @staticmethod
-    def _in_section(src: _SourceState, kept: KeptLine | None) -> None:
-        """A dump's line under a section's name carries that name; other lines end the section soon."""
-        if kept is not None and kept.reason == "stack":
+    def _ps_line(src: _SourceState, shape: _Shape, text: str) -> tuple[bool, ProcessState | None]:
+        """Whether the line is one of a `ps` listing (its header, a row), and the process of a row in state D
+        that is no kernel thread."""
+        if shape.ps_header is not None:
+            src.ps = shape.ps_header
+            return True, None
+        row = None
+        if src.ps is not None:
+            row = row_in(text, src.ps)
+            if row is None:
+                src.ps = None
+        if row is None and shape.ps_row:
+            row = aux_row(text) if shape.ps_row == 2 else None
+            return True, row
+        if row is None:
+            return False, None
+        return True, row if row.uninterruptible and not row.kernel_thread else None
+
+    @staticmethod
+    def _in_section(src: _SourceState, kept: KeptLine | None, listing: bool) -> None:
+        """A dump's line (or a process's row in a `ps` listing) under a section's name carries that name;
+        other lines end the section soon."""
+        if kept is not None and kept.reason in ("stack", "dstate"):
             kept.section, src.section_gap = src.section, 0
+            return
+        if listing:
+            src.section_gap = 0
             return
         src.section_gap += 1
         if src.section_gap > _SECTION_GAP:
@@ -495,6 +541,8 @@ class Compressor:
             completion=completion,
             block="stack" if is_stack_start(text) else "fr" if is_report_start(text) else None,
             section=section_name(text) is not None,
+            ps_header=header_columns(text),
+            ps_row=_ps_row_kind(text),
             # A line of digits no form knows may be a counter: the timeline learns it (or not).
             watch=checkpoint or completion or (progress is None and not error and len(key) < len(text) and may_count(text)),
             topology=("NCCL INFO comm" in masked and "busId" in masked) or "[Rank <*>] [job id" in masked
@@ -502,6 +550,7 @@ class Compressor:
             or _ALLOCATION.search(text) is not None or _SRUN_TASKS.match(text) is not None,
         )
         shape.stats = stats
+        shape.collected = shape.section or shape.ps_header is not None or bool(shape.ps_row)
         shape.quiet = 0 if error else 1
         shape.loss = b"loss" in key or b"Loss" in key
         shape.traceback = _TRACEBACK_START_BYTES in key
@@ -954,6 +1003,17 @@ class Compressor:
         if signal is None or signal.divergence is None:
             return []
         return [KeptLine(record=signal.record, template_id=-2, reason="loss", divergence=signal.divergence)]
+
+
+def _ps_row_kind(text: str) -> int:
+    """Whether a line is a `ps aux` row (1), one in state D (2), or neither (0): asked once per shape (the state
+    is a word, so a row in another state has another shape). The TTY column ("?", "pts/3") comes first."""
+    if " ? " not in text and " pts/" not in text and " tty" not in text:
+        return 0
+    row = aux_row(text)
+    if row is None:
+        return 0
+    return 2 if row.uninterruptible and not row.kernel_thread else 1
 
 
 def _task_list(spec: str) -> list[int]:

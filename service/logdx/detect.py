@@ -148,6 +148,18 @@ class _OpenStack:
                      attrs=attrs)
 
 
+def _process_state(kept: KeptLine) -> Event:
+    """A process `ps` shows in uninterruptible sleep, with the name the collection gave its listing."""
+    proc = kept.process
+    assert proc is not None
+    attrs: dict[str, object] = {"pid": proc.pid, "state": proc.state, "command": proc.command}
+    if proc.wchan:
+        attrs["wchan"] = proc.wchan
+    if kept.section is not None:
+        attrs["section"] = kept.section
+    return Event(kind=EventKind.PROCESS_STATE, anchor=kept.record, lines=[kept.record], attrs=attrs)
+
+
 _MAX_STACK_THREADS = 256
 # A thread the threading module started: its outermost frame is the bootstrap (never the main thread).
 _THREAD_BOOTSTRAP = frozenset({"_bootstrap", "_bootstrap_inner"})
@@ -193,6 +205,8 @@ class Detector:
             return []
         if key in self._stacks or key in self._reports:  # anything else from the process ends its block
             return self._count(self._close_stack(key) + self._close_report(key)) + self.feed(kept)
+        if kept.reason == "dstate" and kept.process is not None:
+            return self._count([_process_state(kept)])
         if rec.text.lstrip().startswith(CHAINED):
             self._chain_pending.add(key)  # the traceback that follows is the next link of the chain
             return []

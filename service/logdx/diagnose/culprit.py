@@ -29,8 +29,8 @@ from logdx.patterns import QUOTED_KERNEL_LINE, pci_key
 if TYPE_CHECKING:
     from logdx.diagnose.rootcause import Finding
 
-__all__ = ["HANG_BASES", "HANG_OUTPUT_BASIS", "UNVERIFIED", "HangCulprit", "attribute", "blames_one_node", "hang_culprit",
-           "verify_hosts"]
+__all__ = ["HANG_BASES", "HANG_OUTPUT_BASIS", "STUCK_IN_KERNEL", "UNVERIFIED", "HangCulprit", "StuckProcess", "attribute",
+           "blames_one_node", "hang_culprit", "stuck_in_kernel", "verify_hosts", "with_stuck"]
 
 # A job this small with no host name anywhere is one machine's log: the machine is blamed, unnamed.
 _SINGLE_NODE_MAX_RANKS = 8
@@ -347,6 +347,75 @@ def _lagging(seq_by_rank: dict[int, int]) -> list[int]:
     if counts[low] > len(seq_by_rank) // 2:
         return []
     return sorted(r for r, s in seq_by_rank.items() if s == low)
+
+
+# -- a process in uninterruptible sleep ---------------------------------------------------------------
+
+STUCK_IN_KERNEL = "ps shows its process in uninterruptible sleep (D state)"
+
+
+@dataclass(slots=True)
+class StuckProcess:
+    """A process of the job `ps` showed in state D, with its host and rank when the log ties them to it."""
+
+    event: Event
+    host: str | None
+    rank: int | None
+
+    def describe(self) -> str:
+        pid, wchan = self.event.attrs.get("pid"), self.event.attrs.get("wchan")
+        who = f"pid {pid}" + (f" (rank {self.rank})" if self.rank is not None else "")
+        where = f" on {self.host}" if self.host else ""
+        waits = f", waiting in the kernel's {wchan}" if wchan else ""
+        return f"{who}{where} is in uninterruptible sleep (state {self.event.attrs.get('state')}{waits})"
+
+
+def stuck_in_kernel(events: Sequence[Event], summary: CompressionSummary) -> list[StuckProcess]:
+    """The job's processes `ps` printed in state D: a rank's pid, or a Python process (a DataLoader worker is
+    one too), each with the host of its line (a prefix, its stream, the listing's section header when that is
+    one of the job's hosts, a pid NCCL saw on one host only) and its rank on that host."""
+    out = []
+    for ev in events:
+        if ev.kind != EventKind.PROCESS_STATE:
+            continue
+        host = clean_hostname(ev.anchor.host) if ev.anchor.host else None
+        section = ev.attrs.get("section")
+        if host is None and isinstance(section, str):
+            host = _job_host_named(section, summary)
+        rank = _rank_on_host(host, None, ev, summary) if host is not None else None
+        if host is None:
+            owners = {k.split("|", 1)[0]: r for k, r in summary.gpu_ranks.items() if k.endswith(f"|pid:{ev.attrs.get('pid')}")}
+            if len(owners) == 1:
+                (named, rank), = owners.items()
+                host = clean_hostname(named)
+        command = str(ev.attrs.get("command", "")).lower()
+        if rank is not None or "python" in command or "pt_main_thread" in command:
+            out.append(StuckProcess(ev, host, rank))
+    return out
+
+
+def with_stuck(att: Attribution, stuck: Sequence[StuckProcess], findings: Sequence[Finding]) -> Attribution:
+    """A hang's culprit with what `ps` showed: a process stuck in the kernel on one host names that host (and its
+    rank) when nothing else named one, and corroborates the culprit host it agrees with."""
+    hosts = {p.host for p in stuck if p.host}
+    if len(hosts) != 1:
+        if len(hosts) > 1:
+            att.notes.append(f"ps shows processes in uninterruptible sleep on {len(hosts)} hosts: no single host to blame")
+        return att
+    (host,) = hosts
+    if att.hosts == [host]:
+        att.corroborated = True
+        att.notes = [n for n in att.notes if not n.startswith("one signal only")]
+        att.basis = f"{att.basis}; {STUCK_IN_KERNEL}" if att.basis else STUCK_IN_KERNEL
+        return att
+    if att.hosts:
+        att.notes.append(f"ps shows a process in uninterruptible sleep on {host}, not on the culprit's host")
+        return att
+    ranks = sorted({p.rank for p in stuck if p.host == host and p.rank is not None})
+    silent = bool(ranks) and _silent_among_victims(set(ranks), findings)
+    return Attribution(hosts=[host], ranks=ranks or list(att.ranks), gpus=att.gpus, basis=STUCK_IN_KERNEL,
+                       corroborated=silent, verified=att.verified,
+                       notes=[] if silent else [f"one signal only ({STUCK_IN_KERNEL}): its node is named, not blamed"])
 
 
 UNVERIFIED = "unverified host"
