@@ -98,6 +98,45 @@ def test_a_header_without_a_pid_map_names_the_host_only(engine: Engine) -> None:
     assert "section header" in report.culprits.basis
 
 
+def failure_box(host_index: int) -> list[str]:
+    """torchrun's summary once the operator ended the hung job (scancel: SIGTERM to every worker): each rank's
+    entry names its host, rank and pid."""
+    host, ranks = HOSTS[host_index], [host_index * PER_NODE + local for local in range(PER_NODE)]
+
+    def entry(index: int, r: int) -> list[str]:
+        return [f"[{index}]:", "  time      : 2025-12-03_04:40:11", f"  host      : {host}",
+                f"  rank      : {r} (local_rank: {r % PER_NODE})", f"  exitcode  : -15 (pid: {PIDS[r]})",
+                "  error_file: <N/A>", f"  traceback : Signal 15 (SIGTERM) received by PID {PIDS[r]}"]
+
+    out = ["=" * 60, "pretrain_gpt.py FAILED", "-" * 60, "Failures:"]
+    for i, r in enumerate(ranks[1:], start=1):
+        out += entry(i, r)
+    return out + ["-" * 60, "Root Cause (first observed failure):", *entry(0, ranks[0]), "=" * 60]
+
+
+def deepspeed_launch(host_index: int) -> list[str]:
+    """DeepSpeed's launcher on one node (as pdsh prefixes it): the node's rank, then each worker's pid."""
+    host = HOSTS[host_index]
+    p = f"{host}: [2025-12-03 03:01:0{host_index},112] [INFO] [launch.py:"
+    out = [f"{p}146:main] WORLD INFO DICT: {{'gpu-node-01': [0, 1, 2, 3], 'gpu-node-02': [0, 1, 2, 3]}}",
+           f"{p}152:main] nnodes=2, num_local_procs={PER_NODE}, node_rank={host_index}",
+           f"{p}164:main] dist_world_size={PER_NODE * len(HOSTS)}", f"{p}168:main] Setting CUDA_VISIBLE_DEVICES=0,1,2,3"]
+    return out + [f"{p}256:main] process {PIDS[host_index * PER_NODE + local]} spawned with command: ['/usr/bin/python3', "
+                  f"'-u', 'pretrain_gpt.py', '--local_rank={local}', '--deepspeed', '--deepspeed_config', 'ds_config.json']"
+                  for local in range(PER_NODE)]
+
+
+def test_the_launchers_own_lines_tie_a_pid_to_its_rank(engine: Engine) -> None:
+    """No NCCL lines: torchrun's failure summary (rank, host, pid of each worker) or DeepSpeed's launcher (a node's
+    rank, each worker's pid and local rank) say whose the hung pid is."""
+    dumps = collection(HEADERS["tail -n +1 trace-*.out"], hung=6)
+    killed = diagnose_lines(engine, training(nccl=False) + dumps + failure_box(0) + failure_box(1), exit_code=1)
+    launched = diagnose_lines(engine, deepspeed_launch(0) + deepspeed_launch(1) + training(nccl=False) + dumps,
+                              exit_code=None)
+    for report in (killed, launched):
+        assert (report.failure_type, report.culprits.hosts, report.culprits.ranks) == ("framework_hang", ["gpu-node-02"], [6])
+
+
 def test_a_header_naming_no_host_of_the_job_gives_no_host(engine: Engine) -> None:
     """A collection gathered on other machines' names (a login node's copy, a renamed file): never a culprit.
     (A guard: before collections were read, no header was taken as a host either.)"""

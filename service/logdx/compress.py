@@ -97,6 +97,11 @@ _TRACEBACK_START_BYTES = TRACEBACK_START.encode()
 _MPICH_RANK_HOST = re.compile(r"\[Rank (\d+)\] \[job id [^\]]*\] \[[^\]]*\] \[([A-Za-z][\w.-]*)\]")
 _BOX_HOST = re.compile(r"^\s*host\s+: ([A-Za-z][\w.-]*)\s*$")
 _BOX_RANK = re.compile(r"^\s*rank\s+: (\d+) \(local_rank")
+_BOX_PID = re.compile(r"^\s*exitcode\s+: -?\d+ \(pid: (\d+)\)")
+# DeepSpeed's launcher on each node: "nnodes=2, num_local_procs=4, node_rank=1", then per worker "process 31870
+# spawned with command: [..., '--local_rank=0', ...]": the worker's pid and rank (ranks are numbered node by node).
+_DS_NODE = re.compile(r"\bnnodes=\d+, num_local_procs=(\d+), node_rank=(\d+)")
+_DS_SPAWN = re.compile(r"\bprocess (\d+) spawned with command: .*'--local_rank=(\d+)'")
 # What ends one rank's entry of that box: the next entry ("[2]:"), the box's rules, its "Root Cause" part.
 _BOX_END = re.compile(r"^\s*(?:\[\d+\]:\s*$|={8,}|-{8,}|Root Cause|Failures:|\S+ FAILED\s*$)")
 # Which stream wrote a line (its upload, host and rank label): a torchrun box is one stream's lines.
@@ -376,6 +381,7 @@ class Compressor:
         # (first line, last line, rank, host of the stream) of ranks' entries in that box
         self._boxes: list[tuple[int, int, int, str | None]] = []
         self._gpu_ranks: dict[str, int] = {}
+        self._ds_nodes: dict[str, tuple[int, int]] = {}  # host -> (DeepSpeed's workers on it, its node rank)
         self._first_ts: float | None = None
         self._last_ts: float | None = None
         self._progress_lines = 0
@@ -547,7 +553,8 @@ class Compressor:
             watch=checkpoint or completion or (progress is None and not error and len(key) < len(text) and may_count(text)),
             topology=("NCCL INFO comm" in masked and "busId" in masked) or "[Rank <*>] [job id" in masked
             or _BOX_HOST.match(text) is not None or _BOX_RANK.match(text) is not None
-            or _ALLOCATION.search(text) is not None or _SRUN_TASKS.match(text) is not None,
+            or _ALLOCATION.search(text) is not None or _SRUN_TASKS.match(text) is not None
+            or "num_local_procs=" in masked or "spawned with command" in masked,
         )
         shape.stats = stats
         shape.collected = shape.section or shape.ps_header is not None or bool(shape.ps_row)
@@ -664,7 +671,29 @@ class Compressor:
         if (m := _MPICH_RANK_HOST.search(text)) is not None:
             self._rank_hosts.setdefault(int(m.group(1)), m.group(2))
             return True
+        return self._note_deepspeed_worker(rec)
+
+    def _note_deepspeed_worker(self, rec: Record) -> bool:
+        """DeepSpeed's launcher lines on a node: its rank among the nodes, then each worker's pid and local rank."""
+        if rec.host is None:
+            return False
+        if (m := _DS_NODE.search(rec.text)) is not None:
+            if len(self._ds_nodes) < self.config.max_ids_per_template:
+                self._ds_nodes[rec.host] = (int(m.group(1)), int(m.group(2)))
+            return True
+        node = self._ds_nodes.get(rec.host)
+        if node is not None and (m := _DS_SPAWN.search(rec.text)) is not None:
+            procs, node_rank = node
+            rank = node_rank * procs + int(m.group(2))
+            self._note_pid(rec.host, int(m.group(1)), rank)
+            self._rank_hosts.setdefault(rank, rec.host)
+            return True
         return False
+
+    def _note_pid(self, host: str, pid: int, rank: int) -> None:
+        """Which rank a process of a host is (its stack dump, a ps row, an Xid name it by pid)."""
+        if len(self._gpu_ranks) <= 3 * self.config.max_ids_per_template:
+            self._gpu_ranks.setdefault(f"{host}|pid:{pid}", rank)
 
     def _within_box(self, rec: Record) -> None:
         """A line of a rank's entry in torchrun's failure box (its exit code, the traceback of its error file) is
@@ -680,6 +709,8 @@ class Compressor:
             rec.rank = rank
             if rec.host is None:
                 rec.host = host
+        if "(pid: " in rec.text and (m := _BOX_PID.match(rec.text)) is not None and (host or rec.host):
+            self._note_pid(host or rec.host or "", int(m.group(1)), rank)
         if self._boxes and self._boxes[-1][2] == rank:
             first, _, _, box_host = self._boxes[-1]
             self._boxes[-1] = (first, rec.line_no, rank, box_host)
