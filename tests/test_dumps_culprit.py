@@ -215,3 +215,45 @@ def test_a_process_in_d_state_in_a_running_job_is_no_fault(engine: Engine) -> No
     report = diagnose_lines(engine, lines, exit_code=0)
     assert report.status == "healthy"
     assert not report.culprits.hosts
+
+
+# -- a rank in another collective than the others ----------------------------------------------------------
+
+BARRIER = ["    barrier (torch/distributed/distributed_c10d.py:3439)",
+           "    wrapper (torch/distributed/c10d_logger.py:75)",
+           "    maybe_save (pretrain_gpt.py:201)",
+           "    train (megatron/training/training.py:1251)",
+           "    <module> (pretrain_gpt.py:240)"]
+
+
+def test_the_rank_in_another_collective_is_the_desyncs_culprit(engine: Engine) -> None:
+    """Seven ranks reduce gradients, one waits in a barrier the script's own code called (a save only it decided
+    to do): the code that called it is the root frame, and that rank is the one the others wait for."""
+    lines = training()
+    for i, h in enumerate(HOSTS):
+        lines += [f"==> trace-{h}.out <=="] + node_dumps(i, hung=None)
+    odd = PIDS[3]
+    at = lines.index(f'Thread {odd} (active): "MainThread"')
+    lines[at + 1: at + 1 + len(COLLECTIVE)] = BARRIER
+    report = diagnose_lines(engine, lines, exit_code=None)
+    assert (report.category, report.failure_type) == ("script", "script_hang")
+    assert (report.culprits.hosts, report.culprits.ranks) == (["gpu-node-01"], [3])
+    assert "maybe_save (pretrain_gpt.py:201)" in report.root_cause.text
+    assert "barrier" in report.explanation and "all_reduce" in report.explanation
+
+
+def test_pipeline_stages_in_different_collectives_are_no_desync(engine: Engine) -> None:
+    """Half the ranks receive activations, half reduce: stages by design, no few to blame (the job hangs in a
+    collective for a process no dump shows)."""
+    recv = ["    recv (torch/distributed/distributed_c10d.py:1002)", "    recv (deepspeed/runtime/pipe/p2p.py:83)",
+            "    _exec_recv_activations (deepspeed/runtime/pipe/engine.py:1073)", "    <module> (pretrain_gpt.py:249)"]
+    lines = training()
+    for i, h in enumerate(HOSTS):
+        block = node_dumps(i, hung=None)
+        if i == 1:
+            for pid in (PIDS[4 + local] for local in range(PER_NODE)):
+                at = block.index(f'Thread {pid} (active): "MainThread"')
+                block[at + 1: at + 1 + len(COLLECTIVE)] = recv
+        lines += [f"==> trace-{h}.out <=="] + block
+    report = diagnose_lines(engine, lines, exit_code=None)
+    assert report.failure_type == "hang" and report.culprits.ranks == []
