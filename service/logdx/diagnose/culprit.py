@@ -71,7 +71,7 @@ def _from_root(winner: Finding, findings: Sequence[Finding], summary: Compressio
         basis = "srun's error on the task names its node" if summary.srun_task_hosts.get(rank) == host \
             else "the rank's own lines name its host"
     if host is None and rank is None:
-        host, rank, basis = _from_section(winner.event, summary, out)
+        host, rank, basis = _from_section(winner.event, summary)
     if host is None and rank is None:
         host, rank, basis = _linked(winner, findings, summary)
     if host is None and len(summary.allocated_hosts) == 1:
@@ -186,7 +186,7 @@ _NODE_NUMBER = re.compile(r"^(?:node|host) ?#?(\d+)$", re.I)
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 
 
-def _from_section(event: Event, summary: CompressionSummary, out: Attribution) -> tuple[str | None, int | None, str]:
+def _from_section(event: Event, summary: CompressionSummary) -> tuple[str | None, int | None, str]:
     """A stack dump in a collection of every node's dumps: the host the collection's header names for it (one of
     the job's hosts, never a file's name), and the rank of its pid on that host (pids repeat across nodes)."""
     name = event.attrs.get("section") if event.kind == EventKind.STACK_DUMP else None
@@ -194,7 +194,6 @@ def _from_section(event: Event, summary: CompressionSummary, out: Attribution) -
         return None, None, ""
     host = _job_host_named(name, summary)
     if host is None:
-        out.notes.append(f"the dump's section header {name[:80]!r} names none of the job's hosts: no host taken from it")
         return None, None, ""
     rank = _rank_on_host(host, None, event, summary)
     return host, rank, _SECTION_BASIS + ("; its pid is that rank's on the host" if rank is not None else "")
@@ -265,6 +264,9 @@ def _stopped_first(blamed: set[int], summary: CompressionSummary) -> bool:
 def _why_no_host(winner: Finding, att: Attribution, summary: CompressionSummary) -> str:
     if att.single_node:
         return "the culprit node is the one machine that wrote this log; its name is not in the log"
+    section = winner.event.attrs.get("section") if winner.event.kind == EventKind.STACK_DUMP else None
+    if isinstance(section, str):
+        return f"the dump's section header {section[:80]!r} names none of the job's hosts: no host taken from it"
     if att.ranks and len(att.ranks) == 1:
         return f"the culprit is rank {att.ranks[0]}, but no line names the host it ran on"
     if summary.hosts:
