@@ -137,6 +137,33 @@ def test_the_launchers_own_lines_tie_a_pid_to_its_rank(engine: Engine) -> None:
         assert (report.failure_type, report.culprits.hosts, report.culprits.ranks) == ("framework_hang", ["gpu-node-02"], [6])
 
 
+def test_faulthandler_dumps_of_a_nodes_processes_one_after_another(engine: Engine) -> None:
+    """Each worker's dump_traceback_later output (no thread marked current, a pin-memory thread first), the
+    node's workers one after another in the node's file: each process is the one thread at the script's top
+    level. faulthandler prints no pid: the node is named, not the rank."""
+    site = "/usr/local/lib/python3.10/dist-packages"
+    lines = training()
+    for i, host in enumerate(HOSTS):
+        lines.append(f"==> faulthandler-{host}.log <==")
+        for local in range(PER_NODE):
+            r = i * PER_NODE + local
+            lines += ["Timeout (0:10:00)!", f"Thread 0x00007f577dff06{r:02d} (most recent call first):",
+                      '  File "/usr/lib/python3.10/multiprocessing/queues.py", line 113 in get',
+                      f'  File "{site}/torch/utils/data/_utils/pin_memory.py", line 31 in do_one_step',
+                      '  File "/usr/lib/python3.10/threading.py", line 953 in run',
+                      '  File "/usr/lib/python3.10/threading.py", line 1016 in _bootstrap_inner', "",
+                      f"Thread 0x00007f577e0007{r:02d} (most recent call first):"]
+            if r == 5:
+                lines += ['  File "/usr/lib/python3.10/threading.py", line 324 in wait',
+                          f'  File "{site}/torch/utils/data/dataloader.py", line 1133 in _try_get_data']
+            else:
+                lines += [f'  File "{site}/torch/distributed/distributed_c10d.py", line 2501 in all_reduce']
+            lines += ['  File "/workspace/pretrain_gpt.py", line 240 in <module>', ""]
+    report = diagnose_lines(engine, lines, exit_code=None)
+    assert (report.failure_type, report.culprits.hosts, report.culprits.ranks) == ("framework_hang", ["gpu-node-02"], [])
+    assert "_try_get_data" in report.root_cause.text
+
+
 def test_a_header_naming_no_host_of_the_job_gives_no_host(engine: Engine) -> None:
     """A collection gathered on other machines' names (a login node's copy, a renamed file): never a culprit.
     (A guard: before collections were read, no header was taken as a host either.)"""

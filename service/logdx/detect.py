@@ -135,12 +135,17 @@ class _OpenStack:
         mains = [t for t in threads if t.main]
         if self.pid is None and len(mains) > 1:  # several processes' main threads in one block
             return [self._event(t, t.tid or t.name) for t in mains]
+        # faulthandler marks no thread when it dumps them all (dump_traceback_later): one thread per process
+        # runs the script's top level, so several such threads are several processes' dumps one after another.
+        tops = [t for t in threads if t.frames[-1].function == "<module>"]
+        if self.pid is None and not mains and len(tops) > 1:
+            return [self._event(t, t.tid or t.name) for t in tops]
         if not threads:
             return []
         return [self._event(mains[0] if mains else _likely_main(threads), self.pid)]
 
     def _event(self, t: _Thread, pid: object) -> Event:
-        attrs: dict[str, object] = {"pid": pid, "thread": t.name, "threads": len(self.threads),
+        attrs: dict[str, object] = {"pid": pid, "tid": t.tid, "thread": t.name, "threads": len(self.threads),
                                     "frame_lines": list(reversed(t.records))}
         if self.section is not None:
             attrs["section"] = self.section

@@ -127,10 +127,12 @@ def _minority(events: list[Event], majority: str | None, processes: int, confide
 
 def _latest_per_process(dumps: list[Event]) -> list[Event]:
     """A process dumped twice (py-spy run again a minute later): its last dump says where it is. The same pid
-    under two nodes' names (a collection of every node's dumps) is two processes."""
+    under two nodes' names (a collection of every node's dumps) is two processes; a dump without a pid
+    (faulthandler's) is its main thread's."""
     latest: dict[tuple[str, object, object], Event] = {}
     for e in dumps:
-        latest[(e.anchor.source_key, e.attrs.get("section"), e.attrs.get("pid"))] = e
+        pid = e.attrs.get("pid")
+        latest[(e.anchor.source_key, e.attrs.get("section"), pid if pid is not None else e.attrs.get("tid"))] = e
     return list(latest.values())
 
 
