@@ -377,6 +377,7 @@ def stuck_in_kernel(events: Sequence[Event], summary: CompressionSummary) -> lis
     one too), each with the host of its line (a prefix, its stream, the listing's section header when that is
     one of the job's hosts, a pid NCCL saw on one host only) and its rank on that host."""
     out = []
+    seen: set[tuple[object, object, object]] = set()
     for ev in events:
         if ev.kind != EventKind.PROCESS_STATE:
             continue
@@ -391,7 +392,9 @@ def stuck_in_kernel(events: Sequence[Event], summary: CompressionSummary) -> lis
                 (named, rank), = owners.items()
                 host = clean_hostname(named)
         command = str(ev.attrs.get("command", "")).lower()
-        if rank is not None or "python" in command or "pt_main_thread" in command:
+        who = (host, section if host is None else None, ev.attrs.get("pid"))  # ps -L lists a process per thread
+        if (rank is not None or "python" in command or "pt_main_thread" in command) and who not in seen:
+            seen.add(who)
             out.append(StuckProcess(ev, host, rank))
     return out
 
