@@ -197,7 +197,7 @@ class KeptLine:
 
     record: Record
     template_id: int
-    reason: str  # "error" | "traceback" | "new_template" | "tail" | "loss"
+    reason: str  # "error" | "traceback" | "new_template" | "tail" | "loss" | "stack" | "fr" | "dstate"
     divergence: Divergence | None = None  # reason "loss": the divergence the line began, once confirmed
     section: str | None = None  # reason "stack", "dstate": the name the collection gave it (stacks.section_name)
     process: ProcessState | None = None  # reason "dstate": the process `ps` shows in uninterruptible sleep
