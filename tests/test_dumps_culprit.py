@@ -91,6 +91,15 @@ def test_the_hung_rank_of_a_collection_is_its_nodes_pid(engine: Engine, form: st
     assert "_try_get_data" in report.root_cause.text
 
 
+def test_a_summary_of_frame_names_under_a_header_keeps_the_dumps_under_it(engine: Engine) -> None:
+    # The operator first greps each node's dumps for the frame that matters (`grep -o '^ *[a-z_]*' | sort`),
+    # indented names under each node's header, then pastes the full dumps: those are still the last node's.
+    def header(h: str) -> list[str]:
+        return [f"trace-{h}", *[f"    {name}" for name in ("all_reduce", "all_reduce", "broadcast", "wait") * 3]]
+    report = diagnose_lines(engine, training() + collection(header, hung=6), exit_code=None)
+    assert (report.failure_type, report.culprits.hosts, report.culprits.ranks) == ("framework_hang", ["gpu-node-02"], [6])
+
+
 def test_a_header_without_a_pid_map_names_the_host_only(engine: Engine) -> None:
     report = diagnose_lines(engine, training(nccl=False) + collection(HEADERS["tail -n +1 trace-*.out"], hung=1),
                             exit_code=None)

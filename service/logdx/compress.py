@@ -465,7 +465,8 @@ class Compressor:
             if reason is not None:
                 return [self._keep_in(src, rec, stats, reason, listed)]
         if src.section is not None:
-            self._in_section(src, None, listed)
+            # An indented line is the section's own content (a summary of its frames, a file's lines): it keeps it open.
+            self._in_section(src, None, listed or rec.raw[:1] in (" ", "\t"))
         # The common case: a line like many before it, remembered only in its source's tail.
         src.tail.append(rec)
         return []

@@ -52,6 +52,8 @@ _SECTION_MAX = 300
 
 def section_name(text: str) -> str | None:
     """The name a line gives the dumps printed after it (see above), or None: not such a line."""
+    if text[:1] in (" ", "\t"):
+        return None  # a header starts its line; an indented word is content (a frame's name in a summary)
     s = text.strip()
     if not s or len(s) > _SECTION_MAX:
         return None
