@@ -188,3 +188,15 @@ def test_the_command_line_rejects_bad_input(tmp_path: Path, capsys: pytest.Captu
     assert main(["--sets", "healthy", "--without", "nonsense"]) == 2
     assert "unknown noise" in capsys.readouterr().err
 
+
+
+def test_the_gate_names_every_column_where_the_default_cascade_is_worse_than_rules() -> None:
+    from logdx.evaluate.tables import COLUMNS, regressions
+
+    def figures(**correct: int) -> dict:
+        return {"accuracy": {c: {"correct": correct.get(c, 10), "n": 12, "accuracy": correct.get(c, 10) / 12}
+                             for c in COLUMNS}}
+    sets = {"excerpts": {"rules": figures(), "default": figures(action=9, category=11)},
+            "hangs": {"rules": figures(culprit=4), "default": figures(culprit=5)},
+            "healthy": {"rules": figures()}}  # rules only (--quick): nothing to compare
+    assert regressions(sets) == ["excerpts action: default 9/12 < rules 10/12"]

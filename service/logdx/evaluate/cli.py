@@ -40,7 +40,14 @@ from logdx.evaluate.corpus import (
 )
 from logdx.evaluate.jobs import GENERATED_SETS, describe_job, job_record, label_of, score_job
 from logdx.evaluate.runner import Cascade, Item, JobResult, cascades_of, generated, run_set
-from logdx.evaluate.tables import breakdown_lines, calibration_lines, set_figures, summary_lines, table_lines
+from logdx.evaluate.tables import (
+    breakdown_lines,
+    calibration_lines,
+    regressions,
+    set_figures,
+    summary_lines,
+    table_lines,
+)
 from logdx.pipeline import Engine
 from logdx.synth.noise import FAMILIES
 from logdx.synth.teardown import FAMILIES as TEARDOWN_FAMILIES
@@ -189,6 +196,11 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(summary_lines(all_figures, sizes)))
     if args.json:
         args.json.write_text(json.dumps(out_json, indent=1, default=str))
+    worse = regressions(all_figures)
+    if worse:
+        print(f"\nevaluate: the default cascade is worse than rules alone in {len(worse)} place(s):\n  "
+              + "\n  ".join(worse), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -29,6 +29,21 @@ def set_figures(results: list[JobResult], cascades: list[Cascade]) -> dict[str, 
     return out
 
 
+def regressions(all_figures: dict[str, dict[str, dict[str, Any]]], base: str = "rules",
+                against: str = "default") -> list[str]:
+    """Where the `against` cascade got fewer right than `base` (the same logs): "set column: 180/195 < 184/195".
+    The learned stages must earn their place: the default cascade is never worse than rules alone."""
+    out = []
+    for set_name, figures in all_figures.items():
+        if base not in figures or against not in figures:
+            continue
+        for col in COLUMNS:
+            a, b = figures[base]["accuracy"][col], figures[against]["accuracy"][col]
+            if b["n"] and b["correct"] < a["correct"]:
+                out.append(f"{set_name} {col}: {against} {b['correct']}/{b['n']} < {base} {a['correct']}/{a['n']}")
+    return out
+
+
 def _cell(row: dict[str, float | int]) -> str:
     if not row["n"]:
         return "-"
