@@ -126,6 +126,30 @@ def test_similar_failure_finds_the_right_incident(retriever):
     assert retriever.stats.loaded_from_disk and retriever.stats.rebuilds == 0
 
 
+@pytest.mark.parametrize("oom", [
+    # torch >= 2.2 in a container: its own process is listed by a pid it cannot map ("Process N has ...").
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 270.00 MiB. GPU 7 has a total capacity of 23.65 GiB "
+    "of which 208.06 MiB is free. Process 2271802 has 23.44 GiB memory in use. Of the allocated memory 22.87 GiB is "
+    "allocated by PyTorch, and 6.23 MiB is reserved by PyTorch but unallocated.",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 3 has a total capacity of 79.15 GiB of "
+    "which 312.00 MiB is free. Process 88121 has 61.20 GiB memory in use. Including non-PyTorch memory, this process "
+    "has 17.60 GiB memory in use.",
+])
+def test_a_cuda_out_of_memory_is_never_recalled_as_another_processs(copy_of, oom):
+    # Whose memory filled the GPU is in the numbers (which process, how much), and masking removes them: no
+    # past incident can tell a job's own OOM from a GPU another process held (the cuda pack's rule reads
+    # the numbers). Retrieval must recall an out-of-memory, not a restart, even after an operator taught it
+    # one such incident word for word.
+    db, store = copy_of()
+    store.add(Incident("inc-taught", oom, mask_text(oom), [], Category.INFRASTRUCTURE, "gpu_memory_taken",
+                       Action.RESTART, note="another tenant's workers held the GPU"))
+    vote = Retriever(store).search(ctx_of(f"[rank7]: {oom}", exception_type="torch.OutOfMemoryError"))
+    best, _ = vote.scores[0]
+    assert (best.category, best.failure_type) == (Category.FRAMEWORK, "cuda_oom")
+    assert all(not e.source.endswith("inc-taught") for e in vote.evidence)
+    db.close()
+
+
 def test_masked_numbers_and_hosts_do_not_change_the_result(retriever):
     a = ctx_of("node-17:3468:3905 [4] NCCL WARN NET/IB : Got completion from peer 10.1.2.3<5001> with error 12, opcode 0, len 0, vendor err 129 (Recv)")
     b = ctx_of("gpu-b-992:11:12 [7] NCCL WARN NET/IB : Got completion from peer 172.16.9.99<61234> with error 12, opcode 0, len 0, vendor err 129 (Recv)")

@@ -37,7 +37,8 @@ from logdx.patterns import (
     strip_traceback_prefix,
     traceback_prefix,
 )
-from logdx.stacks import classify_line, is_stack_start
+from logdx.procs import ProcessState, PsColumns, aux_row, header_columns, row_in
+from logdx.stacks import classify_line, is_stack_start, section_name
 from logdx.timeline import (
     LossSignal,
     ProgressShape,
@@ -96,6 +97,11 @@ _TRACEBACK_START_BYTES = TRACEBACK_START.encode()
 _MPICH_RANK_HOST = re.compile(r"\[Rank (\d+)\] \[job id [^\]]*\] \[[^\]]*\] \[([A-Za-z][\w.-]*)\]")
 _BOX_HOST = re.compile(r"^\s*host\s+: ([A-Za-z][\w.-]*)\s*$")
 _BOX_RANK = re.compile(r"^\s*rank\s+: (\d+) \(local_rank")
+_BOX_PID = re.compile(r"^\s*exitcode\s+: -?\d+ \(pid: (\d+)\)")
+# DeepSpeed's launcher on each node: "nnodes=2, num_local_procs=4, node_rank=1", then per worker "process 31870
+# spawned with command: [..., '--local_rank=0', ...]": the worker's pid and rank (ranks are numbered node by node).
+_DS_NODE = re.compile(r"\bnnodes=\d+, num_local_procs=(\d+), node_rank=(\d+)")
+_DS_SPAWN = re.compile(r"\bprocess (\d+) spawned with command: .*'--local_rank=(\d+)'")
 # What ends one rank's entry of that box: the next entry ("[2]:"), the box's rules, its "Root Cause" part.
 _BOX_END = re.compile(r"^\s*(?:\[\d+\]:\s*$|={8,}|-{8,}|Root Cause|Failures:|\S+ FAILED\s*$)")
 # Which stream wrote a line (its upload, host and rank label): a torchrun box is one stream's lines.
@@ -308,6 +314,10 @@ class _Shape:
     # Starts a block kept whole although its lines carry no error word: "stack" (a py-spy / faulthandler /
     # gdb dump), "fr" (a report of torch's flight-recorder analyser). None: not one.
     block: str | None = None
+    section: bool = False  # may name the stack dumps that follow it (stacks.section_name)
+    ps_header: PsColumns | None = None  # a `ps` header: the rows after it are read by its columns (procs.py)
+    ps_row: int = 0  # a `ps aux` row: 1, one in uninterruptible sleep (state D): 2
+    collected: bool = False  # any of the three above: a line of what an operator collected from the nodes
 
 
 @dataclass(slots=True)
@@ -325,6 +335,15 @@ class _SourceState:
     last_line: int = 0  # its last line of any kind, and that line's time: which rank went quiet
     last_ts: float | None = None
     quiet: int = 0  # its lines without an error word: did it go on doing its work?
+    # The name the line before its stack dumps gave them (a node's file, a host: stacks.section_name), and how
+    # many lines since that line or the last dump line: a name stops naming dumps a few lines after them.
+    section: str | None = None
+    section_gap: int = 0
+    ps: PsColumns | None = None  # the columns of the `ps` listing being printed
+
+
+# Lines between a section's name and its dumps, or between its dumps ("4 in:", blanks, a markdown fence).
+_SECTION_GAP = 6
 
 
 @dataclass
@@ -362,6 +381,7 @@ class Compressor:
         # (first line, last line, rank, host of the stream) of ranks' entries in that box
         self._boxes: list[tuple[int, int, int, str | None]] = []
         self._gpu_ranks: dict[str, int] = {}
+        self._ds_nodes: dict[str, tuple[int, int]] = {}  # host -> (DeepSpeed's workers on it, its node rank)
         self._first_ts: float | None = None
         self._last_ts: float | None = None
         self._progress_lines = 0
@@ -434,14 +454,78 @@ class Compressor:
             return [KeptLine(record=signal.record, template_id=stats.template_id, reason="loss",
                              divergence=signal.divergence)]
         loss_anomaly = signal is not None and signal.kind == "nan"
+        listed = False  # a line of a collection of the nodes' dumps and listings (keeps its section open)
+        if shape.collected or src.ps is not None:
+            listed, kept = self._collection_line(rec, shape, stats, src)
+            if kept is not None:
+                return [kept]
         if (src.in_traceback or src.after_exception or shape.traceback or loss_anomaly or shape.error
                 or src.in_block or shape.block or stats.count <= self.config.first_lines_per_template):
             reason = self._keep_reason(rec, shape, stats, src, loss_anomaly)
             if reason is not None:
-                return [self._keep(rec, stats, reason)]
+                return [self._keep_in(src, rec, stats, reason, listed)]
+        if src.section is not None:
+            self._in_section(src, None, listed)
         # The common case: a line like many before it, remembered only in its source's tail.
         src.tail.append(rec)
         return []
+
+    def _collection_line(self, rec: Record, shape: _Shape, stats: TemplateStats,
+                         src: _SourceState) -> tuple[bool, KeptLine | None]:
+        """A line of what an operator collected from the nodes of a hung job: the name of a node's part (a
+        section header), a line of a `ps` listing; the row of a process in state D is kept. Returns (whether
+        it is one of those, the line kept)."""
+        if shape.section and (name := section_name(rec.text)) is not None:
+            src.section, src.section_gap = name, 0
+            return True, None
+        if shape.ps_header is None and not shape.ps_row and src.ps is None:
+            return False, None
+        listed, stuck = self._ps_line(src, shape, rec.text)
+        if stuck is not None and self._room():
+            kept = self._keep_in(src, rec, stats, "dstate", True)
+            kept.process = stuck
+            return True, kept
+        return listed, None
+
+    def _keep_in(self, src: _SourceState, rec: Record, stats: TemplateStats, reason: str, listed: bool) -> KeptLine:
+        """Keep a line of `src`, with the name of the section it is printed in (if it is a dump's, a process's)."""
+        kept = self._keep(rec, stats, reason)
+        if src.section is not None:
+            self._in_section(src, kept, listed)
+        return kept
+
+    @staticmethod
+    def _ps_line(src: _SourceState, shape: _Shape, text: str) -> tuple[bool, ProcessState | None]:
+        """Whether the line is one of a `ps` listing (its header, a row), and the process of a row in state D
+        that is no kernel thread."""
+        if shape.ps_header is not None:
+            src.ps = shape.ps_header
+            return True, None
+        row = None
+        if src.ps is not None:
+            row = row_in(text, src.ps)
+            if row is None:
+                src.ps = None
+        if row is None and shape.ps_row:
+            row = aux_row(text) if shape.ps_row == 2 else None
+            return True, row
+        if row is None:
+            return False, None
+        return True, row if row.uninterruptible and not row.kernel_thread else None
+
+    @staticmethod
+    def _in_section(src: _SourceState, kept: KeptLine | None, listing: bool) -> None:
+        """A dump's line (or a process's row in a `ps` listing) under a section's name carries that name;
+        other lines end the section soon."""
+        if kept is not None and kept.reason in ("stack", "dstate"):
+            kept.section, src.section_gap = src.section, 0
+            return
+        if listing:
+            src.section_gap = 0
+            return
+        src.section_gap += 1
+        if src.section_gap > _SECTION_GAP:
+            src.section = None
 
     def _new_shape(self, key: bytes, masked: str, text: str) -> _Shape:
         if len(self._shapes) >= self.config.mask_cache_size:
@@ -462,13 +546,18 @@ class Compressor:
             checkpoint=checkpoint,
             completion=completion,
             block="stack" if is_stack_start(text) else "fr" if is_report_start(text) else None,
+            section=section_name(text) is not None,
+            ps_header=header_columns(text),
+            ps_row=_ps_row_kind(text),
             # A line of digits no form knows may be a counter: the timeline learns it (or not).
             watch=checkpoint or completion or (progress is None and not error and len(key) < len(text) and may_count(text)),
             topology=("NCCL INFO comm" in masked and "busId" in masked) or "[Rank <*>] [job id" in masked
             or _BOX_HOST.match(text) is not None or _BOX_RANK.match(text) is not None
-            or _ALLOCATION.search(text) is not None or _SRUN_TASKS.match(text) is not None,
+            or _ALLOCATION.search(text) is not None or _SRUN_TASKS.match(text) is not None
+            or "num_local_procs=" in masked or "spawned with command" in masked,
         )
         shape.stats = stats
+        shape.collected = shape.section or shape.ps_header is not None or bool(shape.ps_row)
         shape.quiet = 0 if error else 1
         shape.loss = b"loss" in key or b"Loss" in key
         shape.traceback = _TRACEBACK_START_BYTES in key
@@ -582,7 +671,29 @@ class Compressor:
         if (m := _MPICH_RANK_HOST.search(text)) is not None:
             self._rank_hosts.setdefault(int(m.group(1)), m.group(2))
             return True
+        return self._note_deepspeed_worker(rec)
+
+    def _note_deepspeed_worker(self, rec: Record) -> bool:
+        """DeepSpeed's launcher lines on a node: its rank among the nodes, then each worker's pid and local rank."""
+        if rec.host is None:
+            return False
+        if (m := _DS_NODE.search(rec.text)) is not None:
+            if len(self._ds_nodes) < self.config.max_ids_per_template:
+                self._ds_nodes[rec.host] = (int(m.group(1)), int(m.group(2)))
+            return True
+        node = self._ds_nodes.get(rec.host)
+        if node is not None and (m := _DS_SPAWN.search(rec.text)) is not None:
+            procs, node_rank = node
+            rank = node_rank * procs + int(m.group(2))
+            self._note_pid(rec.host, int(m.group(1)), rank)
+            self._rank_hosts.setdefault(rank, rec.host)
+            return True
         return False
+
+    def _note_pid(self, host: str, pid: int, rank: int) -> None:
+        """Which rank a process of a host is (its stack dump, a ps row, an Xid name it by pid)."""
+        if len(self._gpu_ranks) <= 3 * self.config.max_ids_per_template:
+            self._gpu_ranks.setdefault(f"{host}|pid:{pid}", rank)
 
     def _within_box(self, rec: Record) -> None:
         """A line of a rank's entry in torchrun's failure box (its exit code, the traceback of its error file) is
@@ -598,6 +709,8 @@ class Compressor:
             rec.rank = rank
             if rec.host is None:
                 rec.host = host
+        if "(pid: " in rec.text and (m := _BOX_PID.match(rec.text)) is not None and (host or rec.host):
+            self._note_pid(host or rec.host or "", int(m.group(1)), rank)
         if self._boxes and self._boxes[-1][2] == rank:
             first, _, _, box_host = self._boxes[-1]
             self._boxes[-1] = (first, rec.line_no, rank, box_host)
@@ -921,6 +1034,17 @@ class Compressor:
         if signal is None or signal.divergence is None:
             return []
         return [KeptLine(record=signal.record, template_id=-2, reason="loss", divergence=signal.divergence)]
+
+
+def _ps_row_kind(text: str) -> int:
+    """Whether a line is a `ps aux` row (1), one in state D (2), or neither (0): asked once per shape (the state
+    is a word, so a row in another state has another shape). The TTY column ("?", "pts/3") comes first."""
+    if " ? " not in text and " pts/" not in text and " tty" not in text:
+        return 0
+    row = aux_row(text)
+    if row is None:
+        return 0
+    return 2 if row.uninterruptible and not row.kernel_thread else 1
 
 
 def _task_list(spec: str) -> list[int]:

@@ -109,6 +109,7 @@ class _OpenStack:
 
     header: Record
     pid: int | None = None
+    section: str | None = None  # the name the collection gave the dumps (a node's file, a host): KeptLine.section
     threads: list[_Thread] = field(default_factory=list)
     group: list[_Thread] = field(default_factory=list)  # the threads the next frames belong to
     lines: list[Record] = field(default_factory=list)
@@ -134,14 +135,34 @@ class _OpenStack:
         mains = [t for t in threads if t.main]
         if self.pid is None and len(mains) > 1:  # several processes' main threads in one block
             return [self._event(t, t.tid or t.name) for t in mains]
+        # faulthandler marks no thread when it dumps them all (dump_traceback_later): one thread per process
+        # runs the script's top level, so several such threads are several processes' dumps one after another.
+        tops = [t for t in threads if t.frames[-1].function == "<module>"]
+        if self.pid is None and not mains and len(tops) > 1:
+            return [self._event(t, t.tid or t.name) for t in tops]
         if not threads:
             return []
         return [self._event(mains[0] if mains else _likely_main(threads), self.pid)]
 
     def _event(self, t: _Thread, pid: object) -> Event:
+        attrs: dict[str, object] = {"pid": pid, "tid": t.tid, "thread": t.name, "threads": len(self.threads),
+                                    "frame_lines": list(reversed(t.records))}
+        if self.section is not None:
+            attrs["section"] = self.section
         return Event(kind=EventKind.STACK_DUMP, anchor=t.records[0], lines=self.lines, frames=list(reversed(t.frames)),
-                     attrs={"pid": pid, "thread": t.name, "threads": len(self.threads),
-                            "frame_lines": list(reversed(t.records))})
+                     attrs=attrs)
+
+
+def _process_state(kept: KeptLine) -> Event:
+    """A process `ps` shows in uninterruptible sleep, with the name the collection gave its listing."""
+    proc = kept.process
+    assert proc is not None
+    attrs: dict[str, object] = {"pid": proc.pid, "state": proc.state, "command": proc.command}
+    if proc.wchan:
+        attrs["wchan"] = proc.wchan
+    if kept.section is not None:
+        attrs["section"] = kept.section
+    return Event(kind=EventKind.PROCESS_STATE, anchor=kept.record, lines=[kept.record], attrs=attrs)
 
 
 _MAX_STACK_THREADS = 256
@@ -183,12 +204,14 @@ class Detector:
         key = rec.source_key
         self._note_named_host(key, rec)
         if kept.reason == "stack":
-            return self._stack_line(key, rec)
+            return self._stack_line(key, rec, kept.section)
         if kept.reason == "fr":
             self._reports.setdefault(key, []).append(rec)
             return []
         if key in self._stacks or key in self._reports:  # anything else from the process ends its block
             return self._count(self._close_stack(key) + self._close_report(key)) + self.feed(kept)
+        if kept.reason == "dstate" and kept.process is not None:
+            return self._count([_process_state(kept)])
         if rec.text.lstrip().startswith(CHAINED):
             self._chain_pending.add(key)  # the traceback that follows is the next link of the chain
             return []
@@ -265,14 +288,15 @@ class Detector:
 
     # -- stack dumps --------------------------------------------------------------------------------
 
-    def _stack_line(self, key: str, rec: Record) -> list[Event]:
+    def _stack_line(self, key: str, rec: Record, section: str | None) -> list[Event]:
         what = classify_line(rec.text)
         out: list[Event] = []
         dump = self._stacks.get(key)
-        if what is None or what.kind == "process" or dump is None:
+        # Another node's dumps (a new section) start a dump of their own, "Process" line or not (grouped dumps).
+        if what is None or what.kind == "process" or dump is None or dump.section != section:
             if dump is not None:
                 out = self._close_stack(key)
-            dump = self._stacks[key] = _OpenStack(header=rec)
+            dump = self._stacks[key] = _OpenStack(header=rec, section=section)
         if what is None:
             return self._count(out)
         dump.lines.append(rec)

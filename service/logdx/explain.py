@@ -17,7 +17,7 @@ from logdx.config import Settings
 from logdx.diagnose.rules import RuleHit, RuleSet, example_event
 from logdx.diagnose.rules.compiled import PackTest
 from logdx.diagnose.rules.matcher import why_not
-from logdx.model import Event, EventKind, Record, Role
+from logdx.model import READ_AS_A_WHOLE, Event, EventKind, Record, Role
 from logdx.pipeline import Engine
 
 __all__ = ["Explanation", "LineReport", "explain_lines", "render_explanation", "run_pack_tests"]
@@ -77,7 +77,7 @@ def _attach_events(rules: RuleSet, events: Sequence[Event], by_line: dict[int, L
         for line_no in sorted({r.line_no for r in ev.lines} | {ev.anchor.line_no}):
             if line_no in by_line:
                 by_line[line_no].events.append(ev)
-        hits = rules.match(ev) if ev.kind not in (EventKind.STACK_DUMP, EventKind.FR_REPORT) else []
+        hits = rules.match(ev) if ev.kind not in READ_AS_A_WHOLE else []
         for hit in hits:
             if hit.line.line_no in by_line:
                 by_line[hit.line.line_no].hits.append(hit)

@@ -64,6 +64,11 @@ class EventKind(StrEnum):
     STALL = "stall"
     STACK_DUMP = "stack_dump"
     FR_REPORT = "fr_report"
+    PROCESS_STATE = "process_state"  # a process `ps` shows in uninterruptible sleep (logdx/procs.py)
+
+
+# Events the diagnosis reads as a whole (diagnose/hangs.py, culprit.py), never line by line against the rules.
+READ_AS_A_WHOLE = frozenset({EventKind.STACK_DUMP, EventKind.FR_REPORT, EventKind.PROCESS_STATE})
 
 
 # Failure types, and what each implies, are data: see logdx/taxonomy.yaml and logdx.taxonomy.
@@ -167,14 +172,35 @@ class TemplateStats:
     error_bearing: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessState:
+    """A row of a `ps` listing printed into the log (logdx/procs.py)."""
+
+    pid: int
+    state: str
+    command: str
+    wchan: str | None = None
+
+    @property
+    def uninterruptible(self) -> bool:
+        return self.state.startswith("D")
+
+    @property
+    def kernel_thread(self) -> bool:
+        """ps shows a kernel thread's command in brackets ("[kworker/u8:2]", "[jbd2/sda1-8]")."""
+        return self.command.startswith("[")
+
+
 @dataclass(slots=True)
 class KeptLine:
     """A line the compressor kept in full, with the template it belongs to."""
 
     record: Record
     template_id: int
-    reason: str  # "error" | "traceback" | "new_template" | "tail" | "loss"
+    reason: str  # "error" | "traceback" | "new_template" | "tail" | "loss" | "stack" | "fr" | "dstate"
     divergence: Divergence | None = None  # reason "loss": the divergence the line began, once confirmed
+    section: str | None = None  # reason "stack", "dstate": the name the collection gave it (stacks.section_name)
+    process: ProcessState | None = None  # reason "dstate": the process `ps` shows in uninterruptible sleep
 
 
 @dataclass(slots=True)

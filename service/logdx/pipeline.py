@@ -29,7 +29,18 @@ from logdx.detect import DetectConfig, Detector
 from logdx.diagnose.cascade import Diagnoser
 from logdx.diagnose.fusion import FusionWeights
 from logdx.diagnose.rules import RuleSet, default_rules_dir, load_rules
-from logdx.model import FT, CompressionSummary, Event, EventKind, FailureContext, KeptLine, Record, Role, TemplateStats
+from logdx.model import (
+    FT,
+    READ_AS_A_WHOLE,
+    CompressionSummary,
+    Event,
+    EventKind,
+    FailureContext,
+    KeptLine,
+    Record,
+    Role,
+    TemplateStats,
+)
 
 if TYPE_CHECKING:
     from logdx.flightrec import FrFindings
@@ -390,8 +401,8 @@ class Session:
                 mark = timeline.mark(ev.anchor.source_key, ev.anchor.feed)
                 mark.source_quiet, mark.job_quiet = self.compressor.output_mark(ev.anchor.source_key)
                 ev.attrs["progress_at"] = mark
-            if ev.kind in (EventKind.STACK_DUMP, EventKind.FR_REPORT):
-                continue  # read as a whole by the diagnosis (diagnose/hangs.py)
+            if ev.kind in READ_AS_A_WHOLE:
+                continue  # read as a whole by the diagnosis (diagnose/hangs.py, culprit.py)
             hits = self.engine.rules.match(ev)
             if hits and hits[0].role == Role.ROOT_CAUSE:
                 self.root_cause_events.append(ev)

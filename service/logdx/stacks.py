@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from logdx.model import Frame
 from logdx.taxonomy import is_stdlib_path
 
-__all__ = ["StackLine", "classify_line", "frame_owner", "is_stack_start"]
+__all__ = ["StackLine", "classify_line", "frame_owner", "is_stack_start", "section_name"]
 
 _PYSPY_PROCESS = re.compile(r"^Process (?P<pid>\d+): (?P<cmd>.*)$")
 _PYSPY_PYTHON = re.compile(r"^Python v\d+\.\d+")
@@ -38,6 +38,32 @@ _GDB_FRAME = re.compile(r"^#(?P<n>\d+)\s+(?:0x[0-9a-fA-F]+ in )?(?P<func>\S.*?) 
 _GROUP_COUNT = re.compile(r"^\d+ in:$")
 # What starts a dump, as a substring test first (cheap, once per line shape).
 _STARTS = ("Process ", "Thread ", "Current thread ", "Stack (most recent call first)")
+
+
+# A collection of dumps of a job says whose they are in a line of its own before each node's: `tail`/`head` of
+# the per-node files (``==> trace-gpu-node-12.out <==``), a file or host name echoed alone (``trace-node12``,
+# ``gpu-node-12:``, ``### gpu-node-12``), or a note's heading (``Node 48:``). What it names is only a name here:
+# the diagnosis matches it to the job's own hosts (diagnose/culprit.py).
+_SECTION_FILES = re.compile(r"^==> (?P<name>\S(?:.*\S)?) <==$")
+_SECTION_WORD = re.compile(r"^(?:#{1,6} |[-=*]{3,} ?)?(?P<name>[A-Za-z][\w.-]{0,252}?)(?: ?[-=*]{3,})?:?$")
+_SECTION_NODE = re.compile(r"^(?:#{1,6} )?(?P<name>(?:[Nn]ode|NODE|[Hh]ost|HOST) ?#?\d{1,6}):?$")
+_SECTION_MAX = 300
+
+
+def section_name(text: str) -> str | None:
+    """The name a line gives the dumps printed after it (see above), or None: not such a line."""
+    s = text.strip()
+    if not s or len(s) > _SECTION_MAX:
+        return None
+    if s.startswith("==> "):
+        m = _SECTION_FILES.match(s)
+    elif " " not in s.strip("#-=* "):
+        m = _SECTION_WORD.match(s)
+    elif s[0] in "#NnHh":
+        m = _SECTION_NODE.match(s)
+    else:
+        return None
+    return m.group("name") if m is not None else None
 
 
 @dataclass(slots=True)

@@ -33,6 +33,7 @@ __all__ = [
     "reach_of",
     "failure_types_of",
     "is_canonical",
+    "is_learnable",
     "advice_of",
     "is_hardware",
     "is_resubmit",
@@ -73,6 +74,7 @@ class _TypeSpec(BaseModel):
     title: str
     hardware: bool = False
     resubmit: bool = False
+    by_numbers: bool = False
     advice: str = ""
 
 
@@ -93,6 +95,7 @@ class FailureType:
     title: str
     hardware: bool = False
     resubmit: bool = False
+    by_numbers: bool = False  # only the numbers masking removes tell it apart: rules decide it, nothing learned
     advice: str = ""
 
 
@@ -153,7 +156,7 @@ def load_taxonomy(path: Path = TAXONOMY_PATH) -> Taxonomy:
         problems.append(f"{path}: actions missing: {', '.join(sorted(a.value for a in missing_actions))}")
     if problems:
         raise TaxonomyError("\n".join(problems))
-    types = {name: FailureType(name, t.category, t.action, t.title, t.hardware, t.resubmit, t.advice)
+    types = {name: FailureType(name, t.category, t.action, t.title, t.hardware, t.resubmit, t.by_numbers, t.advice)
              for name, t in spec.failure_types.items()}
     return Taxonomy(
         types=types,
@@ -232,6 +235,12 @@ def advice_of(action: Action, failure_type: str | None = None) -> str:
     ("resubmit", not "restart"), else the action's."""
     t = taxonomy().types.get(failure_type or "")
     return t.advice if t is not None and t.advice else taxonomy().action_advice[action]
+
+
+def is_learnable(failure_type: str | None) -> bool:
+    """Whether retrieval and the LLM may propose it: not a type only the masked-away numbers tell apart."""
+    t = taxonomy().types.get(failure_type or "")
+    return not (t and t.by_numbers)
 
 
 def is_resubmit(failure_type: str | None) -> bool:

@@ -15,21 +15,22 @@ training script can print "Node failure on gpu-007".
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from logdx.diagnose.life import stopped_by_output, stopped_by_progress
-from logdx.hosts import clean_hostname
+from logdx.hosts import clean_hostname, job_host_in_name
 from logdx.model import FT, Attribution, CompressionSummary, Event, EventKind, Role
 from logdx.patterns import QUOTED_KERNEL_LINE, pci_key
 
 if TYPE_CHECKING:
     from logdx.diagnose.rootcause import Finding
 
-__all__ = ["HANG_BASES", "HANG_OUTPUT_BASIS", "UNVERIFIED", "HangCulprit", "attribute", "blames_one_node", "hang_culprit",
-           "verify_hosts"]
+__all__ = ["HANG_BASES", "HANG_OUTPUT_BASIS", "STUCK_IN_KERNEL", "UNVERIFIED", "HangCulprit", "StuckProcess", "attribute",
+           "blames_one_node", "hang_culprit", "stuck_in_kernel", "verify_hosts", "with_stuck"]
 
 # A job this small with no host name anywhere is one machine's log: the machine is blamed, unnamed.
 _SINGLE_NODE_MAX_RANKS = 8
@@ -69,6 +70,8 @@ def _from_root(winner: Finding, findings: Sequence[Finding], summary: Compressio
         host = _checked(summary.rank_hosts[rank], summary, out, trusted=True)
         basis = "srun's error on the task names its node" if summary.srun_task_hosts.get(rank) == host \
             else "the rank's own lines name its host"
+    if host is None and rank is None:
+        host, rank, basis = _from_section(winner.event, summary)
     if host is None and rank is None:
         host, rank, basis = _linked(winner, findings, summary)
     if host is None and len(summary.allocated_hosts) == 1:
@@ -178,6 +181,40 @@ def _linked(winner: Finding, findings: Sequence[Finding], summary: CompressionSu
     return None, None, ""
 
 
+_SECTION_BASIS = "the section header of its dump names its host"
+_NODE_NUMBER = re.compile(r"^(?:node|host) ?#?(\d+)$", re.I)
+_TRAILING_NUMBER = re.compile(r"(\d+)$")
+
+
+def _from_section(event: Event, summary: CompressionSummary) -> tuple[str | None, int | None, str]:
+    """A stack dump in a collection of every node's dumps: the host the collection's header names for it (one of
+    the job's hosts, never a file's name), and the rank of its pid on that host (pids repeat across nodes)."""
+    name = event.attrs.get("section") if event.kind == EventKind.STACK_DUMP else None
+    if not isinstance(name, str):
+        return None, None, ""
+    host = _job_host_named(name, summary)
+    if host is None:
+        return None, None, ""
+    rank = _rank_on_host(host, None, event, summary)
+    return host, rank, _SECTION_BASIS + ("; its pid is that rank's on the host" if rank is not None else "")
+
+
+def _job_host_named(name: str, summary: CompressionSummary) -> str | None:
+    """The one job host a header names: the host itself, a file name that holds it (trace-node12.out), or a
+    note's "Node 48" when exactly one of the job's hosts is numbered 48."""
+    known = set(summary.hosts) | set(summary.allocated_hosts) | set(summary.rank_hosts.values())
+    host = clean_hostname(name)
+    if host is not None and host in known:
+        return host
+    matched = job_host_in_name(name, known)
+    if matched is not None:
+        return matched
+    if (m := _NODE_NUMBER.match(name)) is not None:
+        numbered = {h for h in known if (t := _TRAILING_NUMBER.search(h)) is not None and int(t.group(1)) == int(m.group(1))}
+        return numbered.pop() if len(numbered) == 1 else None
+    return None
+
+
 def _rank_on_host(host: str, gpu: str | None, event: Event, summary: CompressionSummary) -> int | None:
     """The rank behind a kernel or NCCL line that names only its host, GPU, process or device."""
     keys = []
@@ -227,6 +264,9 @@ def _stopped_first(blamed: set[int], summary: CompressionSummary) -> bool:
 def _why_no_host(winner: Finding, att: Attribution, summary: CompressionSummary) -> str:
     if att.single_node:
         return "the culprit node is the one machine that wrote this log; its name is not in the log"
+    section = winner.event.attrs.get("section") if winner.event.kind == EventKind.STACK_DUMP else None
+    if isinstance(section, str):
+        return f"the dump's section header {section[:80]!r} names none of the job's hosts: no host taken from it"
     if att.ranks and len(att.ranks) == 1:
         return f"the culprit is rank {att.ranks[0]}, but no line names the host it ran on"
     if summary.hosts:
@@ -309,6 +349,78 @@ def _lagging(seq_by_rank: dict[int, int]) -> list[int]:
     if counts[low] > len(seq_by_rank) // 2:
         return []
     return sorted(r for r, s in seq_by_rank.items() if s == low)
+
+
+# -- a process in uninterruptible sleep ---------------------------------------------------------------
+
+STUCK_IN_KERNEL = "ps shows its process in uninterruptible sleep (D state)"
+
+
+@dataclass(slots=True)
+class StuckProcess:
+    """A process of the job `ps` showed in state D, with its host and rank when the log ties them to it."""
+
+    event: Event
+    host: str | None
+    rank: int | None
+
+    def describe(self) -> str:
+        pid, wchan = self.event.attrs.get("pid"), self.event.attrs.get("wchan")
+        who = f"pid {pid}" + (f" (rank {self.rank})" if self.rank is not None else "")
+        where = f" on {self.host}" if self.host else ""
+        waits = f", waiting in the kernel's {wchan}" if wchan else ""
+        return f"{who}{where} is in uninterruptible sleep (state {self.event.attrs.get('state')}{waits})"
+
+
+def stuck_in_kernel(events: Sequence[Event], summary: CompressionSummary) -> list[StuckProcess]:
+    """The job's processes `ps` printed in state D: a rank's pid, or a Python process (a DataLoader worker is
+    one too), each with the host of its line (a prefix, its stream, the listing's section header when that is
+    one of the job's hosts, a pid NCCL saw on one host only) and its rank on that host."""
+    out = []
+    seen: set[tuple[object, object, object]] = set()
+    for ev in events:
+        if ev.kind != EventKind.PROCESS_STATE:
+            continue
+        host = clean_hostname(ev.anchor.host) if ev.anchor.host else None
+        section = ev.attrs.get("section")
+        if host is None and isinstance(section, str):
+            host = _job_host_named(section, summary)
+        rank = _rank_on_host(host, None, ev, summary) if host is not None else None
+        if host is None:
+            owners = {k.split("|", 1)[0]: r for k, r in summary.gpu_ranks.items() if k.endswith(f"|pid:{ev.attrs.get('pid')}")}
+            if len(owners) == 1:
+                (named, rank), = owners.items()
+                host = clean_hostname(named)
+        command = str(ev.attrs.get("command", "")).lower()
+        who = (host, section if host is None else None, ev.attrs.get("pid"))  # ps -L lists a process per thread
+        if (rank is not None or "python" in command or "pt_main_thread" in command) and who not in seen:
+            seen.add(who)
+            out.append(StuckProcess(ev, host, rank))
+    return out
+
+
+def with_stuck(att: Attribution, stuck: Sequence[StuckProcess], findings: Sequence[Finding]) -> Attribution:
+    """A hang's culprit with what `ps` showed: a process stuck in the kernel on one host names that host (and its
+    rank) when nothing else named one, and corroborates the culprit host it agrees with."""
+    hosts = {p.host for p in stuck if p.host}
+    if len(hosts) != 1:
+        if len(hosts) > 1:
+            att.notes.append(f"ps shows processes in uninterruptible sleep on {len(hosts)} hosts: no single host to blame")
+        return att
+    (host,) = hosts
+    if att.hosts == [host]:
+        att.corroborated = True
+        att.notes = [n for n in att.notes if not n.startswith("one signal only")]
+        att.basis = f"{att.basis}; {STUCK_IN_KERNEL}" if att.basis else STUCK_IN_KERNEL
+        return att
+    if att.hosts:
+        att.notes.append(f"ps shows a process in uninterruptible sleep on {host}, not on the culprit's host")
+        return att
+    ranks = sorted({p.rank for p in stuck if p.host == host and p.rank is not None})
+    silent = bool(ranks) and _silent_among_victims(set(ranks), findings)
+    return Attribution(hosts=[host], ranks=ranks or list(att.ranks), gpus=att.gpus, basis=STUCK_IN_KERNEL,
+                       corroborated=silent, verified=att.verified,
+                       notes=[] if silent else [f"one signal only ({STUCK_IN_KERNEL}): its node is named, not blamed"])
 
 
 UNVERIFIED = "unverified host"

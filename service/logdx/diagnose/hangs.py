@@ -55,6 +55,7 @@ class Minority:
     frame: Frame | None  # the innermost frame of that owner
     line: Record  # that frame's line: the root line
     confidence: float
+    op: str | None = None  # the other collective the minority waits in (a desync), None: outside any
 
 
 def in_collective(frames: Sequence[Frame]) -> str | None:
@@ -82,8 +83,39 @@ def stack_minority(events: Sequence[Event]) -> Minority | None:
     if outside and not inside and len(dumps) <= 2:
         return _minority(outside, None, len(dumps), 0.6)
     if inside and not outside:
-        return _minority(dumps[:1], None, len(dumps), 0.45)
+        return _desync(dumps, inside) or _minority(dumps[:1], None, len(dumps), 0.45)
     return None
+
+
+def _desync(dumps: list[Event], ops: list[str]) -> Minority | None:
+    """Every process waits in a collective, a few in another than the rest (a barrier the others never reach,
+    a broadcast only some ranks call): those few took another code path, and the others wait for them. Roles
+    that differ by design (pipeline stages in send/recv and all_reduce) are groups too large to be a few."""
+    if len(dumps) < _MIN_PROCESSES or len(set(ops)) < 2:
+        return None
+    majority = max(set(ops), key=ops.count)
+    few = [e for e, op in zip(dumps, ops) if op != majority]
+    if len(few) > max(1, len(dumps) // 8):
+        return None
+    owner, frame, line = _caller_of_collective(few[0])
+    return Minority(events=few, majority_op=majority, processes=len(dumps), owner=owner, frame=frame, line=line,
+                    confidence=0.7, op=in_collective(few[0].frames))
+
+
+def _caller_of_collective(ev: Event) -> tuple[str, Frame | None, Record]:
+    """Where a process called the collective it waits in: the innermost frame outside the distributed
+    package's own code that the user or a library owns (the code path that differs between ranks)."""
+    lines = ev.attrs.get("frame_lines")
+    records: list[Record] = list(lines) if isinstance(lines, list) else []
+    for i in range(len(ev.frames) - 1, -1, -1):
+        f = ev.frames[i]
+        path = f.path.replace("\\", "/")
+        if (f.function or "").rsplit("::", 1)[-1] in _COLLECTIVES or any(p in path for p in _DISTRIBUTED_PATHS):
+            continue
+        owner = frame_owner(f, module_of_path(f.path))
+        if owner in ("library", "user"):
+            return owner, f, records[i] if i < len(records) else ev.anchor
+    return _owner_of_wait(ev)
 
 
 def _minority(events: list[Event], majority: str | None, processes: int, confidence: float) -> Minority:
@@ -94,10 +126,13 @@ def _minority(events: list[Event], majority: str | None, processes: int, confide
 
 
 def _latest_per_process(dumps: list[Event]) -> list[Event]:
-    """A process dumped twice (py-spy run again a minute later): its last dump says where it is."""
-    latest: dict[tuple[str, object], Event] = {}
+    """A process dumped twice (py-spy run again a minute later): its last dump says where it is. The same pid
+    under two nodes' names (a collection of every node's dumps) is two processes; a dump without a pid
+    (faulthandler's) is its main thread's."""
+    latest: dict[tuple[str, object, object], Event] = {}
     for e in dumps:
-        latest[(e.anchor.source_key, e.attrs.get("pid"))] = e
+        pid = e.attrs.get("pid")
+        latest[(e.anchor.source_key, e.attrs.get("section"), pid if pid is not None else e.attrs.get("tid"))] = e
     return list(latest.values())
 
 
@@ -139,7 +174,10 @@ def minority_hit(m: Minority) -> RuleHit:
     where = f"{m.frame.function} ({m.frame.path}{':' + str(m.frame.line) if m.frame.line else ''})" \
         if m.frame is not None else m.line.text.strip()
     n = len(m.events)
-    if m.majority_op is not None:
+    if m.op is not None:
+        title = (f"{n} of {m.processes} processes {'waits' if n == 1 else 'wait'} in {m.op}, the others in "
+                 f"{m.majority_op}: a desync, called from {where}")
+    elif m.majority_op is not None:
         title = (f"{n} of {m.processes} processes {'is' if n == 1 else 'are'} not in the collective the others "
                  f"wait in ({m.majority_op}): stuck in {where}")
     elif m.confidence >= 0.6:
@@ -157,8 +195,14 @@ def minority_hit(m: Minority) -> RuleHit:
                 "rank no dump shows): dump every rank's stack (py-spy dump) to find the one outside the "
                 "collective; restart without its node if the log names it.",
     }
+    if m.op is not None:
+        hints = dict.fromkeys(hints, f"The ranks took different code paths: {n} {'waits' if n == 1 else 'wait'} in {m.op} "
+                              f"while the others wait in {op} (a desync: a collective called under a condition that "
+                              "differs between ranks, a rank that skipped or repeated a step). Fix the code path at the "
+                              "root frame before restarting; TORCH_NCCL_DESYNC_DEBUG=1 names the collective if it "
+                              "happens again.")
     return RuleHit(
-        rule_id="hang-outside-collective", pack="hangs", title=title, role=Role.ROOT_CAUSE, label=label,
+        rule_id="hang-desync" if m.op is not None else "hang-outside-collective", pack="hangs", title=title, role=Role.ROOT_CAUSE, label=label,
         severity=Severity.HIGH, confidence=m.confidence, line=m.line, groups={}, hint=hints[label.failure_type],
         event=m.events[0],
     )

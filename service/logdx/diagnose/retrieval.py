@@ -55,7 +55,7 @@ from logdx.diagnose.fusion import format_neighbour_evidence
 from logdx.incidents import Incident, IncidentStore
 from logdx.model import Action, Category, Evidence, FailureContext, Label, StageVote
 from logdx.progress import step
-from logdx.taxonomy import default_action
+from logdx.taxonomy import default_action, is_learnable
 
 if TYPE_CHECKING:
     import faiss
@@ -339,7 +339,9 @@ class Retriever:
         if not ctx.as_query().strip():
             return StageVote(source="retrieval", scores=[], note="retrieval: empty failure context")
         found = self.neighbours(ctx, k=k, exclude_ids=exclude_ids, apply_threshold=False)
-        above = [n for n in found if n.similarity >= self.settings.min_similarity]
+        # A type only the masked-away numbers tell apart is no neighbour's to propose (taxonomy: by_numbers).
+        above = [n for n in found if n.similarity >= self.settings.min_similarity
+                 and is_learnable(n.incident.failure_type)]
         vote = vote_from_neighbours(above, self.settings)
         if not above:
             best = f" (best {found[0].similarity:.2f}, {found[0].incident.id})" if found else ""

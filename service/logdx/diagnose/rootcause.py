@@ -16,8 +16,16 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from logdx.diagnose.culprit import HANG_OUTPUT_BASIS, attribute, hang_culprit, verify_hosts
-from logdx.diagnose.hangs import fr_hit, minority_hit, silent_rank_hint, silent_rank_label, stack_minority
+from logdx.diagnose.culprit import (
+    HANG_OUTPUT_BASIS,
+    StuckProcess,
+    attribute,
+    hang_culprit,
+    stuck_in_kernel,
+    verify_hosts,
+    with_stuck,
+)
+from logdx.diagnose.hangs import HANG_TYPES, fr_hit, minority_hit, silent_rank_hint, silent_rank_label, stack_minority
 from logdx.diagnose.health import RunEnd, after_the_end, fails_after_the_end, run_end
 from logdx.diagnose.life import MIN_ADVANCES, ends_its_process, is_warning, says_it_aborts, went_on_after
 from logdx.diagnose.occupied import taken_by_another_process
@@ -25,6 +33,7 @@ from logdx.diagnose.origin import locate
 from logdx.diagnose.rules import RuleHit, RuleSet, render_hint
 from logdx.model import (
     FT,
+    READ_AS_A_WHOLE,
     Attribution,
     Category,
     CompressionSummary,
@@ -90,8 +99,8 @@ def find_root_cause(
     """`exit_code`: the job's, when known. Exit 0: any error its process trained past at all was
     survived, and so was anything that cannot end a process by itself (a logged error, an async
     event)."""
-    dumps = [e for e in events if e.kind in _READ_AS_A_WHOLE]
-    everything, unexplained = _match_all([e for e in events if e.kind not in _READ_AS_A_WHOLE], rules, summary,
+    dumps = [e for e in events if e.kind in READ_AS_A_WHOLE]
+    everything, unexplained = _match_all([e for e in events if e.kind not in READ_AS_A_WHOLE], rules, summary,
                                          _Ending(exit_code, run_end(summary.progress)))
     findings = [f for f in everything if not f.survived]
     recovered = [f for f in everything if f.survived and f.hit.role is not Role.SYMPTOM]
@@ -99,10 +108,18 @@ def find_root_cause(
     if winner is not None and role is Role.ROOT_CAUSE:
         winner = taken_by_another_process(_detailed_by_nccl(winner, events), findings)
     winner, role, att = _hang(winner, role, findings, dumps, summary)
+    stuck = _stuck_in_a_hang(winner, dumps, summary)
+    if stuck:
+        att = with_stuck(att, stuck, findings)
     att = verify_hosts(att, summary)
     vote = _vote(winner, findings)
+    vote.evidence += [Evidence(line_no=p.event.line_no, text=_clip(p.event.anchor.raw), source="detect:process_state")
+                      for p in stuck[:_STUCK_EVIDENCE]]
     context = failure_context(winner.hit.line if winner else likeliest_unexplained(unexplained), winner, templates)
     explanation = _explain(winner, role, findings, att.hosts, att.ranks, att.gpus)
+    if stuck:
+        explanation += (f" While it hung, {'; '.join(p.describe() for p in stuck[:_STUCK_EVIDENCE])}: a wait on the "
+                        "host's side (a network filesystem, a driver call) that the others waited for.")
     if role is not Role.SYMPTOM:  # where a symptom was raised (KeyboardInterrupt) says nothing of a cause
         explanation += _raised_where(winner, rules)
     hint = _hint(winner, rules, att.hosts, att.ranks, att.gpus)
@@ -171,8 +188,18 @@ def _match_all(events: Sequence[Event], rules: RuleSet, summary: CompressionSumm
     return list(by_key.values()), unexplained
 
 
-# Events the diagnosis reads as a whole, not line by line: stack dumps, flight-recorder reports.
-_READ_AS_A_WHOLE = frozenset({EventKind.STACK_DUMP, EventKind.FR_REPORT})
+
+
+_STUCK_EVIDENCE = 2
+_WAITED = HANG_TYPES | {FT.NCCL_TIMEOUT}
+
+
+def _stuck_in_a_hang(winner: Finding | None, events: list[Event], summary: CompressionSummary) -> list[StuckProcess]:
+    """The job's processes `ps` showed in uninterruptible sleep, when the job hung (alone, a process in D state is
+    a snapshot of one that reads from disk: no fault)."""
+    if winner is None or winner.hit.label.failure_type not in _WAITED:
+        return []
+    return stuck_in_kernel([e for e in events if e.kind == EventKind.PROCESS_STATE], summary)
 
 
 def _hang_from_dumps(dumps: list[Event]) -> Finding | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from logdx.diagnose.llm.prompts import Prompts
 from logdx.model import FT, Action, Category, FailureContext, Label, StageVote
-from logdx.taxonomy import category_of, is_canonical, make_label, title_of
+from logdx.taxonomy import category_of, is_canonical, is_learnable, make_label, title_of
 
 MAX_QUERY_LINES = 10
 
@@ -57,7 +57,7 @@ def candidate_labels(
 
     def add(cat: str | Category, ft: str, action: Action | None = None) -> None:
         key = (Category(cat).value, ft)
-        if key not in out and is_canonical(cat, ft) and len(out) < max_candidates:
+        if key not in out and is_canonical(cat, ft) and is_learnable(ft) and len(out) < max_candidates:
             out[key] = make_label(cat, ft, action)
 
     def add_type(ft: FT) -> None:
