@@ -554,9 +554,9 @@ def test_the_embedded_model_abstains_when_only_a_default_label_would_win(scorer)
 
 
 @pytest.mark.slow
-def test_per_token_scoring_does_not_favour_the_shortest_label(scorer):
-    # Candidates that share the category's first token: by the sum of log-probabilities, the label of
-    # fewest tokens wins on anything; per token, the one the example and the log name does.
+def test_a_near_incident_below_the_voting_threshold_is_a_candidate_and_can_win(scorer):
+    # Retrieval cast no vote (nothing above its threshold); the nearest incident, a near miss, is still
+    # evidence of what this may be: its label is scored, and wins where the log says the same.
     ctx = ctx_of("NVRM: Xid (PCI:0000:8a:00): 79, pid=4242, name=python, GPU has fallen off the bus.")
     examples = [incident("e1", "NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus.", "infrastructure",
                          "gpu_fell_off_bus")]

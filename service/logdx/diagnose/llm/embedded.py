@@ -235,7 +235,11 @@ class EmbeddedScorer(BaseStage):
     def _vote(self, ctx: FailureContext, prior_votes: Sequence[StageVote], examples: Sequence[Any]) -> StageVote:
         if not (ctx.root_text or ctx.root_masked or ctx.templates or ctx.excerpt):
             return unavailable("empty failure context")
-        labels = candidate_labels(prior_votes, ctx, self.settings.max_candidates, examples)
+        # The nearest incidents' labels are candidates when retrieval cast no vote (none above its threshold):
+        # its near misses are then the only evidence of what this may be. When it voted, its vote says it.
+        voted = any(v.source == "retrieval" and v.scores for v in prior_votes)
+        near = () if voted else examples
+        labels = candidate_labels(prior_votes, ctx, self.settings.max_candidates, near)
         prompt = self.build_prompt(ctx, examples)
         conts = [
             self.prompts.render("score/candidate.j2", category=lab.category.value, failure_type=lab.failure_type)
@@ -251,7 +255,7 @@ class EmbeddedScorer(BaseStage):
             ((lab, round(e / total, 4)) for lab, e in zip(labels, exps)), key=lambda ls: ls[1], reverse=True
         )
         best, p = scored[0]
-        if (best.category.value, best.failure_type) not in proposed_labels(prior_votes, ctx, examples):
+        if (best.category.value, best.failure_type) not in proposed_labels(prior_votes, ctx, near):
             return StageVote(source="llm", scores=[], note=(
                 f"llm abstains: its best label, {best.category.value}/{best.failure_type} (p={p:.2f}), is one no rule, "
                 "exception or past incident proposed"))
