@@ -23,6 +23,7 @@ from logdx.diagnose.llm import (
     neutralize,
     render_explanation,
 )
+from logdx.diagnose.llm.labels import proposed_labels
 from logdx.diagnose.llm.openai import reply_schema
 from logdx.incidents import Incident, mask_text
 from logdx.model import Action, Category, FailureContext, Label, StageVote
@@ -177,6 +178,19 @@ def test_candidate_labels_are_small_unique_and_include_proposals():
     assert ("script", "script_error") in keys and ("framework", "framework_error") in keys
     assert len(keys) == len(set(keys)) <= 12
     assert len(candidate_labels([rules, retrieval], None, max_candidates=3)) == 3
+
+
+def test_the_nearest_incidents_labels_are_candidates_even_below_the_voting_threshold():
+    # Retrieval cast no vote (nothing above its threshold); its nearest incidents still say what this may be.
+    near = [incident("n1", "ray.exceptions.NodeDiedError: node marked dead", "infrastructure", "node_failure"),
+            incident("n2", "OSError: [Errno 28] No space left on device", "infrastructure", "disk_full")]
+    ctx = ctx_of("ray.exceptions.RayTaskError: the worker died unexpectedly")
+    keys = [(lab.category.value, lab.failure_type) for lab in candidate_labels([], ctx, 12, near)]
+    assert ("infrastructure", "node_failure") in keys and ("infrastructure", "disk_full") in keys
+    assert proposed_labels([], ctx, near) == {("infrastructure", "node_failure"), ("infrastructure", "disk_full")}
+    # The defaults are in the set to be scored, never proposed by anything.
+    assert ("infrastructure", "network_error") in keys
+    assert ("script", "key_error") in proposed_labels([], ctx_of("KeyError: 'input_ids'"), [])
 
 
 def test_explanation_is_templated():
@@ -527,6 +541,28 @@ def test_embedded_scorer_follows_a_clear_example(scorer):
                                         (make_label("framework", "dataloader_killed"), 0.1)])
     vote = scorer.vote(oom, prior_votes=[retrieval], examples=examples)
     assert vote.scores[0][0].failure_type == "cuda_oom", vote.scores[:3]
+
+
+@pytest.mark.slow
+def test_the_embedded_model_abstains_when_only_a_default_label_would_win(scorer):
+    # Nothing proposed a label: no earlier stage, no exception class that names one, no near incident.
+    # A 270M base model then answers its prior (one infrastructure label for every log); it must not vote.
+    for root in ("ray.exceptions.NodeDiedError: the node gpu-07 has been marked dead (missed heartbeats)",
+                 "Some workers died: ERROR: Unexpected bus error encountered in worker (insufficient shm)"):
+        vote = scorer.vote(ctx_of(root), prior_votes=[], examples=[])
+        assert vote.scores == [] and vote.note.startswith("llm abstains: its best label, "), vote.note
+
+
+@pytest.mark.slow
+def test_a_near_incident_below_the_voting_threshold_is_a_candidate_and_can_win(scorer):
+    # Retrieval cast no vote (nothing above its threshold); the nearest incident, a near miss, is still
+    # evidence of what this may be: its label is scored, and wins where the log says the same.
+    ctx = ctx_of("NVRM: Xid (PCI:0000:8a:00): 79, pid=4242, name=python, GPU has fallen off the bus.")
+    examples = [incident("e1", "NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus.", "infrastructure",
+                         "gpu_fell_off_bus")]
+    rules = StageVote("rules", [(make_label("infrastructure", "network_error"), 0.3)])
+    vote = scorer.vote(ctx, prior_votes=[rules], examples=examples)
+    assert vote.scores[0][0].failure_type == "gpu_fell_off_bus", vote.scores[:3]
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from typing import Any
 from logdx.config import LLMSettings
 from logdx.diagnose.llm import gemma_numpy
 from logdx.diagnose.llm.convert import ConversionInfo, ensure_converted, model_dir
-from logdx.diagnose.llm.labels import candidate_labels, example_dict, query_lines, render_explanation
+from logdx.diagnose.llm.labels import candidate_labels, example_dict, proposed_labels, query_lines, render_explanation
 from logdx.diagnose.llm.prompts import Prompts
 from logdx.diagnose.llm.stage import BaseStage, ExampleSource, LLMUnavailable, unavailable
 from logdx.diagnose.threads import auto_threads, blas_threads, torch_threads
@@ -127,7 +127,7 @@ class EmbeddedScorer(BaseStage):
         )
 
     def loglikelihoods(self, prompt: str, continuations: Sequence[str]) -> list[float]:
-        """Sum of token log-probabilities of each continuation after ``prompt``.
+        """Sum of token log-probabilities of each continuation after ``prompt`` (`token_counts`: their lengths).
 
         The prompt runs once with a KV cache; the cache is shared by a batch holding every
         continuation (right-padded: causal attention means padding after a token cannot change
@@ -172,6 +172,12 @@ class EmbeddedScorer(BaseStage):
             "threads": float(threads),
         }
         return scores
+
+    def token_counts(self, continuations: Sequence[str]) -> list[int]:
+        lm = self.load()
+        if lm.runtime == "numpy":
+            return [len(lm.model.encode(c, add_special_tokens=False)) for c in continuations]
+        return [len(lm.tokenizer(c, add_special_tokens=False).input_ids) for c in continuations]
 
     @staticmethod
     def _passes_numpy(lm: _LoadedLM, p_ids: list[int], c_ids: list[list[int]], slots: list[tuple[int, int]],
@@ -229,13 +235,19 @@ class EmbeddedScorer(BaseStage):
     def _vote(self, ctx: FailureContext, prior_votes: Sequence[StageVote], examples: Sequence[Any]) -> StageVote:
         if not (ctx.root_text or ctx.root_masked or ctx.templates or ctx.excerpt):
             return unavailable("empty failure context")
-        labels = candidate_labels(prior_votes, ctx, self.settings.max_candidates)
+        # The nearest incidents' labels are candidates when retrieval cast no vote (none above its threshold):
+        # its near misses are then the only evidence of what this may be. When it voted, its vote says it.
+        voted = any(v.source == "retrieval" and v.scores for v in prior_votes)
+        near = () if voted else examples
+        labels = candidate_labels(prior_votes, ctx, self.settings.max_candidates, near)
         prompt = self.build_prompt(ctx, examples)
         conts = [
             self.prompts.render("score/candidate.j2", category=lab.category.value, failure_type=lab.failure_type)
             for lab in labels
         ]
-        logps = self.loglikelihoods(prompt, conts)
+        # Per token: with the sum, the label of fewest tokens wins whenever the category's first token is
+        # likeliest (network_error over every longer infrastructure label), whatever the log says.
+        logps = [s / n for s, n in zip(self.loglikelihoods(prompt, conts), self.token_counts(conts))]
         top = max(logps)
         exps = [math.exp(lp - top) for lp in logps]
         total = sum(exps)
@@ -243,6 +255,10 @@ class EmbeddedScorer(BaseStage):
             ((lab, round(e / total, 4)) for lab, e in zip(labels, exps)), key=lambda ls: ls[1], reverse=True
         )
         best, p = scored[0]
+        if (best.category.value, best.failure_type) not in proposed_labels(prior_votes, ctx, near):
+            return StageVote(source="llm", scores=[], note=(
+                f"llm abstains: its best label, {best.category.value}/{best.failure_type} (p={p:.2f}), is one no rule, "
+                "exception or past incident proposed"))
         explanation = render_explanation(
             self.prompts, best, ctx, probability=p, n_candidates=len(labels), examples=examples
         )

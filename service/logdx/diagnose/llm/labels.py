@@ -46,11 +46,13 @@ def _exception_name(text: str | None) -> str | None:
 
 
 def candidate_labels(
-    prior_votes: Sequence[StageVote], ctx: FailureContext | None = None, max_candidates: int = 12
+    prior_votes: Sequence[StageVote], ctx: FailureContext | None = None, max_candidates: int = 12,
+    examples: Sequence[Any] = (),
 ) -> list[Label]:
     """The closed label set to score: labels proposed by rules and retrieval (best first), the
-    label the exception class names, then category-level defaults; unique, at most
-    ``max_candidates``."""
+    label the exception class names, the labels of the nearest incidents (`examples`, below the
+    voting threshold too: a near miss is still evidence of what this may be), then category-level
+    defaults; unique, at most ``max_candidates``. `proposed_labels` says which of them evidence proposed."""
     out: dict[tuple[str, str], Label] = {}
 
     def add(cat: str | Category, ft: str, action: Action | None = None) -> None:
@@ -72,9 +74,24 @@ def candidate_labels(
         exc = _exception_name(ctx.exception_type) or _exception_name(ctx.root_text)
         if exc in _EXCEPTION_CANDIDATES:
             add_type(_EXCEPTION_CANDIDATES[exc])
+    for ex in examples:
+        d = example_dict(ex)
+        add(d["category"], d["failure_type"])
     for ft in DEFAULT_CANDIDATES:
         add_type(ft)
     return list(out.values())
+
+
+def proposed_labels(prior_votes: Sequence[StageVote], ctx: FailureContext | None, examples: Sequence[Any]) -> set[tuple[str, str]]:
+    """The (category, failure_type) pairs some evidence proposed: an earlier stage, the exception's class,
+    a near incident. A label only the defaults put in the set may be scored, never chosen alone."""
+    out = {(lab.category.value, lab.failure_type) for v in prior_votes for lab, _ in v.scores}
+    out |= {(d["category"], d["failure_type"]) for d in map(example_dict, examples)}
+    if ctx is not None:
+        exc = _exception_name(ctx.exception_type) or _exception_name(ctx.root_text)
+        if exc in _EXCEPTION_CANDIDATES and (cat := category_of(_EXCEPTION_CANDIDATES[exc])) is not None:
+            out.add((cat.value, _EXCEPTION_CANDIDATES[exc]))
+    return out
 
 
 def query_lines(ctx: FailureContext, max_lines: int = MAX_QUERY_LINES) -> list[str]:
