@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -348,7 +349,7 @@ class _Source:
     rate_last: tuple[float, float] | None = None  # and of its last
     # (time, step) of its counter's latest rises (the fast path reads one line in `_SAMPLE`): did it go on
     # after a given moment, by the clocks? (life.went_on_after)
-    advanced_at: list[tuple[float, float]] = field(default_factory=list)
+    advanced_at: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=_TIMED_ADVANCES))
 
     @property
     def steps_per_s(self) -> float | None:
@@ -441,6 +442,8 @@ class Timeline:
         self.last_loss: float | None = None  # the loss the last progress line gave (None: none)
         self.learners: dict[bytes, Learner] = {}
         self._by_feed: dict[int, list[str]] = {}  # stream -> the sources whose progress came in on it
+        self._advances = 0  # every source's advances, summed as they happen
+        self._stream_marks: dict[int, tuple[int, int, tuple[tuple[str, int], ...]]] = {}
 
     # -- the hot path: one progress line ----------------------------------------------------------------
 
@@ -582,10 +585,9 @@ class Timeline:
             return
         if src.main_value is not None and value > src.main_value:
             src.advances += 1
+            self._advances += 1
             when = ts if ts is not None else at  # its own stamp, else its stream's time before it
             if when is not None and numbered:
-                if len(src.advanced_at) >= _TIMED_ADVANCES:
-                    del src.advanced_at[: _TIMED_ADVANCES // 2]
                 src.advanced_at.append((when, value))
             if numbered:
                 delta = value - src.main_value
@@ -857,16 +859,26 @@ class Timeline:
         exact here as at the end)."""
         self._flush_all()
         src = self._sources.get(source_key)
-        stream = tuple((key, self._sources[key].advances) for key in self._by_feed.get(feed, ()))
         return ProgressMark(
-            stream_advances=stream,
+            stream_advances=self._stream_mark(feed),
             source_advances=src.advances if src is not None else 0,
             source_step=src.step if src is not None else None,
-            job_advances=sum(s.advances for s in self._sources.values()),
+            job_advances=self._advances,
             job_rises=self.rises,
             job_step=self.max_step,
             job_lines=sum(s.lines for s in self._sources.values()),
         )
+
+    def _stream_mark(self, feed: int) -> tuple[tuple[str, int], ...]:
+        """Each source of the stream with its advances so far; the same tuple again while none advanced (a
+        burst of events, 64 ranks' watchdogs, is one look at the stream, not 64)."""
+        keys = self._by_feed.get(feed, ())
+        cached = self._stream_marks.get(feed)
+        if cached is not None and cached[0] == self._advances and cached[1] == len(keys):
+            return cached[2]
+        stream = tuple((key, self._sources[key].advances) for key in keys)
+        self._stream_marks[feed] = (self._advances, len(keys), stream)
+        return stream
 
     def summary(self, last_output: dict[str, tuple[int, float | None]] | None = None) -> ProgressSummary:
         """The report's view (see ProgressSummary); `last_output`: each source's last line of any kind."""
@@ -895,7 +907,7 @@ class Timeline:
             completed_ts=self.completed_ts,
             completed_advances=self.completed_advances,
             last_output=dict(last_output or {}),
-            job_advances=sum(s.advances for s in self._sources.values()),
+            job_advances=self._advances,
             job_rises=self.rises,
         )
 
