@@ -59,6 +59,14 @@ def run(coro):
     return asyncio.run(coro)
 
 
+def tokens(text: str) -> int:
+    """Tokens of `text` by the packaged Gemma 3 tokenizer (the converted model's, a 262k-word vocabulary)."""
+    from tokenizers import Tokenizer
+
+    path = Path(os.environ["LOGDX_LLM__CACHE_DIR"]) / "gemma3-270m" / "tokenizer.json"
+    return len(Tokenizer.from_file(str(path)).encode(text).ids)
+
+
 # --- stdio ---------------------------------------------------------------------------------------------
 
 
@@ -79,12 +87,13 @@ def test_an_agent_diagnoses_a_64_rank_job_over_stdio(tmp_path, job64) -> None:
             ev = (await client.call_tool("evidence", {"report_id": report["id"]})).structured_content
             tpl = (await client.call_tool("templates", {"report_id": report["id"], "limit": 5})).structured_content
             again = (await client.call_tool("report", {"report_id": report["id"]})).structured_content
+            whole = (await client.call_tool("report", {"report_id": report["id"], "full": True})).structured_content
             missing = await client.call_tool("diagnose", {"paths": [str(tmp_path / "nope.log")]})
             both = await client.call_tool("diagnose", {"paths": [str(log)], "job_id": "j"})
             no_feedback = await client.call_tool("feedback", {"report_id": report["id"], "category": "script",
                                                               "failure_type": "name_error"})
             return {"report": report, "evidence": ev, "templates": tpl, "again": again, "missing": missing,
-                    "both": both, "no_feedback": no_feedback}
+                    "both": both, "no_feedback": no_feedback, "whole": whole}
 
     got = run(session())
     report = got["report"]
@@ -94,6 +103,15 @@ def test_an_agent_diagnoses_a_64_rank_job_over_stdio(tmp_path, job64) -> None:
     assert report["root_cause"]["line_no"] == truth["root_line_no"]
     assert report["compression"]["lines_in"] == truth["lines_written"]
     assert got["again"] == report
+    # Compact by default: what an agent acts on fits its context; the curves come only when asked for.
+    whole = got["whole"]
+    assert whole["omitted"] == [] and report["omitted"] and len(whole["progress"]["loss"]) > 12
+    assert {k: whole[k] for k in ("status", "failure_type", "action", "culprits", "root_cause")} == \
+        {k: report[k] for k in ("status", "failure_type", "action", "culprits", "root_cause")}
+    assert report["progress"]["stopped"] == whole["progress"]["stopped"]
+    compact_tokens, whole_tokens = tokens(json.dumps(report)), tokens(json.dumps(whole))
+    print(f"\ndiagnose over MCP, 100k-line 64-rank job: {compact_tokens} tokens compact, {whole_tokens} in full")
+    assert compact_tokens < 4000 and compact_tokens * 3 < whole_tokens
     ev = got["evidence"]
     assert ev["label"] == f"{truth['category']}/{truth['failure_type']}" and ev["root_cause"]["text"] == truth["root_line"]
     assert truth["root_line"] in ev["excerpt"] and ev["evidence"][0]["source"].startswith("rule:")

@@ -109,18 +109,23 @@ def build_server(toolbox: Toolbox) -> MCPServer:
             description="auto (default), text, ndjson, msgpack, otlp, otlp-json, loki, loki-json")] = "auto",
         exit_code: Annotated[int | None, Field(
             description="how the job ended, when known: 0 with no fatal event is healthy")] = None,
+        full: Annotated[bool, Field(
+            description="the whole report (every progress point and source); default: compact, `omitted` says "
+                        "what was cut")] = False,
         ctx: Context | None = None,
     ) -> ReportOut:
         """Diagnose a failed (or hung) training job: the root-cause line, its category and failure type,
         the culprit node/rank/GPU, the recommended action, the evidence and an explanation. The report's
         `id` is what `evidence`, `templates` and `report` take."""
-        return _call(toolbox.diagnose, ctx, paths=paths, job_id=job_id, fmt=format, exit_code=exit_code)
+        return _call(toolbox.diagnose, ctx, paths=paths, job_id=job_id, fmt=format, exit_code=exit_code, full=full)
 
     @_tool(server, annotations=read, title="A stored report")
     def report(report_id: Annotated[str, Field(description="a report id (from diagnose, alerts, logdx)")],
+               full: Annotated[bool, Field(description="the whole report; default: compact, as diagnose gives it")]
+               = False,
                ctx: Context | None = None) -> ReportOut:
         """A report by id: one of this tool's diagnoses, or one stored by logdx (the service's, the CLI's)."""
-        return _call(toolbox.report, ctx, report_id=report_id)
+        return _call(toolbox.report, ctx, report_id=report_id, full=full)
 
     @_tool(server, annotations=read, title="The evidence of a diagnosis")
     def evidence(report_id: Annotated[str, Field(description="the report's id")],

@@ -73,9 +73,18 @@ REPORT_UNTRUSTED = ("root_cause.text", "evidence[].text", "explanation", "hint",
 
 
 class ReportOut(Report):
-    """The report (the contract of `diagnose --json`), with where its log text is."""
+    """The report (the contract of `diagnose --json`), with where its log text is; compact unless asked in full."""
 
     untrusted_fields: list[str] = untrusted(*REPORT_UNTRUSTED)
+    omitted: list[str] = Field(default_factory=list, description="what this compact answer left out (curves "
+                               "decimated, lists cut); `report` with full=true gives the whole report")
+
+
+# A compact answer: what an agent reads to act (verdict, culprit, root line, top evidence, where progress stopped),
+# not the loss and step-time curves of a long job (94% of a 60k-line job's full report).
+_COMPACT_POINTS = 12
+_COMPACT_LISTS = {"evidence": 8, "recovered": 5, "notes": 8}
+_COMPACT_PROGRESS_LISTS = {"per_source": 8, "recovered_spikes": 3, "checkpoints": 5}
 
 
 class Templates(BaseModel):
@@ -208,17 +217,17 @@ class Toolbox:
     # -- read-only tools --------------------------------------------------------------------------
 
     def diagnose(self, paths: list[str] | None = None, job_id: str | None = None, fmt: str = "auto",
-                 exit_code: int | None = None, caller: Caller | None = None) -> ReportOut:
+                 exit_code: int | None = None, caller: Caller | None = None, full: bool = False) -> ReportOut:
         """A log file, a folder or several files (one job), or the latest diagnosis of a service's job."""
         caller = caller or self.local_caller()
         if bool(paths) == bool(job_id):
             raise ToolFailure("give either paths (files or folders of one job) or job_id (a job of logdx serve)")
         if job_id:
-            return _out(self._job_report(job_id, caller))
+            return _out(self._job_report(job_id, caller), full)
         if caller.tenant:
             raise ToolFailure(f"token {caller.name!r} is bound to tenant {caller.tenant!r}: it diagnoses its jobs "
                               "by job_id (the files of this machine are the operator's)")
-        return _out(self._diagnose_paths([self._readable(p) for p in paths or []], fmt, exit_code))
+        return _out(self._diagnose_paths([self._readable(p) for p in paths or []], fmt, exit_code), full)
 
     def _diagnose_paths(self, paths: list[str], fmt: str, exit_code: int | None) -> Report:
         from logdx.cli.diagnose import diagnose_file, diagnose_files, keep
@@ -243,9 +252,9 @@ class Toolbox:
         self._remember(diagnosed)
         return diagnosed.report
 
-    def report(self, report_id: str, caller: Caller | None = None) -> ReportOut:
+    def report(self, report_id: str, caller: Caller | None = None, full: bool = False) -> ReportOut:
         """A report: this process's, the store's, or the service's (a tenant's token: its tenant's only)."""
-        return _out(self._report(report_id, caller or self.local_caller()))
+        return _out(self._report(report_id, caller or self.local_caller()), full)
 
     def _report(self, report_id: str, caller: Caller) -> Report:
         if report_id in self._recent and not caller.tenant:  # this process's diagnoses of files: no tenant's
@@ -462,5 +471,29 @@ class Toolbox:
         return ActionOut.model_validate(rec.to_dict())
 
 
-def _out(report: Report) -> ReportOut:
-    return ReportOut.model_validate(report.model_dump())
+def _out(report: Report, full: bool = False) -> ReportOut:
+    data = report.model_dump()
+    omitted = [] if full else _compact(data)
+    return ReportOut.model_validate({**data, "omitted": omitted})
+
+
+def _compact(data: dict[str, Any]) -> list[str]:
+    """Cut a report's dump to what an agent acts on, in place; what was cut, said in words."""
+    omitted = []
+    for key, keep in _COMPACT_LISTS.items():
+        if len(data.get(key) or []) > keep:
+            omitted.append(f"{key}: {keep} of {len(data[key])}")
+            data[key] = data[key][:keep]
+    progress = data.get("progress")
+    if progress:
+        for key in ("loss", "step_time_s"):
+            points = progress.get(key) or []
+            if len(points) > _COMPACT_POINTS:
+                step = len(points) / _COMPACT_POINTS
+                progress[key] = [points[int(i * step)] for i in range(_COMPACT_POINTS - 1)] + [points[-1]]
+                omitted.append(f"progress.{key}: {_COMPACT_POINTS} of {len(points)} points")
+        for key, keep in _COMPACT_PROGRESS_LISTS.items():
+            if len(progress.get(key) or []) > keep:
+                omitted.append(f"progress.{key}: {keep} of {len(progress[key])}")
+                progress[key] = progress[key][-keep:] if key == "checkpoints" else progress[key][:keep]
+    return omitted
