@@ -103,6 +103,11 @@ def test_umbrella_command_and_subcommand_help():
         (["--bogus-flag", "x.log"], "unrecognized arguments"),
         ([], "required"),
         (["--rules", "/nonexistent-dir", "x.log"], "not a directory"),
+        (["feedback", "r1", "--category", "script", "--failure-type", "key_errorr"],
+         "unknown failure type 'key_errorr'; did you mean 'key_error'?"),
+        (["feedback", "r1", "--category", "scrpt", "--failure-type", "key_error"],
+         "invalid choice: 'scrpt'; did you mean 'script'?"),
+        (["incidents", "list", "--failure-type", "nccl_timout"], "did you mean 'nccl_timeout'?"),
     ],
 )
 def test_bad_usage_exits_2_with_one_line(args, message):

@@ -131,6 +131,17 @@ def test_cli_explains_lines_given_as_arguments(capsys: pytest.CaptureFixture[str
     assert out.rstrip().splitlines()[-1].startswith("verdict: failed infrastructure/gpu_fell_off_bus/")
 
 
+def test_cli_says_why_a_near_rule_missed_only_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    # Every Xid rule shares the word "Xid": by default, one line counts them; --verbose says why each missed.
+    assert main(["rules", "explain", XID79]) == EXIT_OK
+    quiet = capsys.readouterr().out
+    assert "rule    xid-79-fell-off-bus" in quiet and "not     xid-" not in quiet
+    assert "rules whose words occur here did not match (--verbose: why)" in quiet
+    assert main(["rules", "explain", "--verbose", XID79]) == EXIT_OK
+    loud = capsys.readouterr().out
+    assert "not     xid-48-dbe: xid event: no pattern matches" in loud and len(loud) > 3 * len(quiet)
+
+
 def test_cli_explains_a_raw_multi_rank_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "job.log"
     log.write_text("\n".join([PROGRESS.format(r=r % 8) for r in range(300)] + [XID79]) + "\n", encoding="utf-8")

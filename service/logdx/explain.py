@@ -129,17 +129,18 @@ def _catalog_hits(ev: Event) -> list[str]:
 # --- rendering ------------------------------------------------------------------------------------
 
 
-def render_explanation(ex: Explanation) -> str:
-    """The lines as text (of a long log, only those something happened on), the verdict last."""
+def render_explanation(ex: Explanation, *, verbose: bool = False, asked: Sequence[str] = ()) -> str:
+    """The lines as text (of a long log, only those something happened on), the verdict last. Why a rule
+    did not match is said for the rules `asked` about; for the others that nearly matched, only with `verbose`."""
     out: list[str] = []
     for ln in ex.lines:
         if ex.every_line or ln.events or ln.hits or ln.misses:
-            out.extend(_render_line(ln))
+            out.extend(_render_line(ln, verbose, frozenset(asked)))
     out.append(_render_verdict(ex.report))
     return "\n".join(out)
 
 
-def _render_line(ln: LineReport) -> list[str]:
+def _render_line(ln: LineReport, verbose: bool = True, asked: frozenset[str] = frozenset()) -> list[str]:
     r = ln.record
     ts = datetime.fromtimestamp(r.ts, UTC).isoformat() if r.ts else "unanchored (a boot clock)" if r.unanchored else "-"
     out = [f"line {r.line_no}: {r.raw}",
@@ -155,7 +156,12 @@ def _render_line(ln: LineReport) -> list[str]:
         label = f"{h.label.category}/{h.label.failure_type}/{h.label.action}"
         out.append(f"  rule    {h.rule_id} ({h.pack}, {h.role}, {h.severity}): {label}")
     out.extend(f"  catalog {c}" for c in ln.catalog)
-    out.extend(f"  not     {rule_id}: {why}" for rule_id, why in ln.misses)
+    shown = [(rule_id, why) for rule_id, why in ln.misses if verbose or rule_id in asked]
+    out.extend(f"  not     {rule_id}: {why}" for rule_id, why in shown)
+    if len(shown) < len(ln.misses):
+        n = len(ln.misses) - len(shown)
+        more = " more" if shown else ""
+        out.append(f"  not     {n}{more} rule{'s' * (n > 1)} whose words occur here did not match (--verbose: why)")
     return out
 
 

@@ -7,6 +7,7 @@ registers their commands: the imports go one way."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sqlite3
 from collections.abc import Sequence
@@ -31,6 +32,29 @@ class UsageError(Exception):
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
         raise UsageError(f"{message} (see {self.prog} --help)")
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        """argparse's check of a choice, with the nearest valid one named ("did you mean 'script'?")."""
+        if action.choices is not None and value not in action.choices:
+            choices = [str(c) for c in action.choices]
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{did_you_mean(str(value), choices)} "
+                                                 f"(choose from {', '.join(map(repr, choices))})")
+
+
+def did_you_mean(value: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(value, valid, n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def failure_type_arg(value: str) -> str:
+    """A failure type of the taxonomy (an argparse type: a misspelt one is refused with the nearest named)."""
+    from logdx.taxonomy import taxonomy
+
+    known = sorted(taxonomy().types)
+    if value not in known:
+        raise argparse.ArgumentTypeError(f"unknown failure type {value!r}{did_you_mean(value, known)} "
+                                         "(logdx's taxonomy: service/logdx/taxonomy.yaml)")
+    return value
 
 
 def add_config_arg(p: argparse.ArgumentParser) -> None:

@@ -7,7 +7,15 @@ import argparse
 import json
 import sys
 
-from logdx.faces import EXIT_FAILED, EXIT_OK, UsageError, add_config_arg, open_incidents, settings_from
+from logdx.faces import (
+    EXIT_FAILED,
+    EXIT_OK,
+    UsageError,
+    add_config_arg,
+    failure_type_arg,
+    open_incidents,
+    settings_from,
+)
 from logdx.incidents import IncidentError, IncidentStore
 from logdx.taxonomy import KNOWN_CATEGORIES, LABEL_ACTIONS
 
@@ -20,7 +28,7 @@ def add_incident_parsers(sub: argparse._SubParsersAction, parser_class: type[arg
                                  required=True)
     ls = inc_sub.add_parser("list", help="list incidents")
     ls.add_argument("--category", choices=_CATEGORIES)
-    ls.add_argument("--failure-type")
+    ls.add_argument("--failure-type", type=failure_type_arg)
     ls.add_argument("--limit", type=int)
     ls.set_defaults(func=_list)
     show = inc_sub.add_parser("show", help="one incident as JSON")
@@ -29,7 +37,7 @@ def add_incident_parsers(sub: argparse._SubParsersAction, parser_class: type[arg
     add = inc_sub.add_parser("add", help="add an incident (from flags, or --json)")
     add.add_argument("--root-line")
     add.add_argument("--category", choices=_CATEGORIES)
-    add.add_argument("--failure-type")
+    add.add_argument("--failure-type", type=failure_type_arg)
     add.add_argument("--note")
     add.add_argument("--json", dest="json_text", metavar="OBJECT", help="the incident as a JSON object")
     add.set_defaults(func=_add)
@@ -49,7 +57,7 @@ def add_incident_parsers(sub: argparse._SubParsersAction, parser_class: type[arg
     fb = sub.add_parser("feedback", help="confirm or correct a report: it becomes an incident")
     fb.add_argument("report_id")
     fb.add_argument("--category", required=True, choices=_CATEGORIES)
-    fb.add_argument("--failure-type", required=True)
+    fb.add_argument("--failure-type", required=True, type=failure_type_arg)
     fb.add_argument("--action", choices=[a.value for a in LABEL_ACTIONS])
     fb.add_argument("--note")
     add_config_arg(fb)

@@ -29,6 +29,8 @@ def add_tool_parsers(sub: argparse._SubParsersAction, parser_class: type[argpars
                     "it does not hit (repeatable)")
     rx.add_argument("--all", action="store_true", help="every line, also those nothing happened on (the default "
                     "for up to 200 lines)")
+    rx.add_argument("--verbose", "-v", action="store_true", help="also why each rule whose words occur in a line "
+                    "did not match it (default: only for --rule)")
     rx.add_argument("--rules", action="append", type=Path, default=[], metavar="DIR",
                     help="extra rule pack folder (repeatable)")
     add_config_arg(rx)
@@ -155,7 +157,7 @@ def cmd_rules_explain(args: argparse.Namespace) -> int:
                            settings.catalog.enabled, limit)
     if not ex.lines and ex.report.status == "empty":
         raise UsageError("rules explain: no lines to explain")
-    print(render_explanation(ex))
+    print(render_explanation(ex, verbose=args.verbose, asked=args.rule))
     return EXIT_OK
 
 
