@@ -84,6 +84,8 @@ def test_the_page_of_an_ended_job_shows_verdict_root_and_culprit(app: LoopbackAp
 
 def test_a_browser_without_a_session_is_sent_to_sign_in(app: LoopbackApp, ended: tuple[str, Truth]) -> None:
     with _as(app) as c:
+        home = c.get("/")  # the service's address, typed into a browser: its jobs (then sign-in)
+        assert home.status_code == 303 and home.headers["location"] == "/jobs"
         r = c.get("/jobs/run-1")
         assert r.status_code == 303 and r.headers["location"] == "/login?next=%2Fjobs%2Frun-1"
         assert c.get("/login?next=/jobs/run-1").status_code == 200

@@ -153,6 +153,12 @@ def _done(services: Services, job_id: str, report: Report, principal: Principal)
 # --- the list ---------------------------------------------------------------------------------------
 
 
+@pages_router.get("/", include_in_schema=False)
+def root() -> RedirectResponse:
+    """The service's address opened in a browser: its jobs."""
+    return RedirectResponse("/jobs", status_code=303)
+
+
 @pages_router.get("/jobs", response_class=HTMLResponse)
 def jobs_page(
     request: Request,
