@@ -279,7 +279,13 @@ PAGES: dict[str, Check] = {
     "/redoc": _ok("/redoc"),
     "/login": _ok("/login"),
     "/logout": lambda w, c: None,  # signs a browser out: nothing of anyone's
+    "/": lambda w, c: _redirects(c, "/", "/jobs"),  # the service's address: to the list, which is the tenant's
 }
+
+
+def _redirects(c: httpx.Client, path: str, to: str) -> None:
+    r = c.get(path)
+    assert r.status_code == 303 and r.headers["location"] == to, r.text
 
 
 def _app_paths(routes: Any) -> set[str]:
