@@ -287,3 +287,20 @@ def test_a_job_cancelled_hours_after_it_stopped_advancing_is_a_hang(engine):
     report = diagnose_lines(engine, _training(16, 39) + _scancel("15:40"))
     assert (report.category, report.failure_type) == ("infrastructure", "hang")
     assert report.action != "no_restart"
+
+
+def test_a_warning_and_its_source_line_are_never_the_root_of_a_job_that_failed(engine):
+    # Exit code 1 and nothing but a warning: Python prints the warning, then its source line. Neither says why
+    # the job ended (an OOM kill, a scheduler's signal print nothing here): no root line, and the hint says so.
+    lines = [*(f"[rank{r}]: step {s} | loss 2.{s} | lr 1e-4" for s in range(3) for r in range(2)),
+             "/opt/conda/lib/python3.10/site-packages/torch/utils/data/dataloader.py:558: UserWarning: This DataLoader "
+             "will create 16 worker processes in total. Our suggested max number of worker in current system is 8.",
+             "  warnings.warn(_create_warning_msg(",
+             *(f"[rank{r}]: step 3 | loss 2.3 | lr 1e-4" for r in range(2))]
+    report = diagnose_lines(engine, lines, 1)
+    assert (report.status, report.category, report.action) == ("failed", "unknown", "no_restart")
+    assert report.root_cause is None
+    assert report.hint.startswith("No line of the log says why it ended")
+    # An error after the warning is still the root.
+    report = diagnose_lines(engine, [*lines, "[rank1]: MyPipelineError: shard 4 is missing its index"], 1)
+    assert report.root_cause is not None and report.root_cause.text.endswith("shard 4 is missing its index")

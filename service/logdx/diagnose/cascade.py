@@ -255,8 +255,10 @@ def _from_rules(outcome: RulesOutcome, exit_code: int | None) -> Diagnosis:
             if exit_code
             else "An error was found that no rule recognises."
         )
-        return Diagnosis(status="failed", label=label, confidence=0.3, root=root, explanation=explanation,
-                         hint="Read the excerpt around the root line; add a rule or feed back the right label.")
+        hint = ("Read the excerpt around the root line; add a rule or feed back the right label." if root is not None
+                else "No line of the log says why it ended (warnings at most): look at its last lines, and at what "
+                     "ended it (the scheduler's record, the kernel's log of the node: an OOM kill prints nothing here).")
+        return Diagnosis(status="failed", label=label, confidence=0.3, root=root, explanation=explanation, hint=hint)
     hit = winner.hit
     confidence = hit.confidence
     if outcome.role == Role.SYMPTOM:

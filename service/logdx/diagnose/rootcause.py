@@ -651,9 +651,15 @@ def _nearby_error_templates(templates: Sequence[TemplateStats], line_no: int | N
 
 
 def likeliest_unexplained(events: Sequence[Event]) -> Record | None:
-    """With no rule to go by: the last exception raised, else the last error line before the end."""
+    """With no rule to go by: the last exception raised, else the last error line before the end; None when the
+    only lines that look like errors are warnings (a program that warns goes on: they do not say why it ended)."""
     raised = [e for e in events if e.exception_type]
-    pool = raised or [e for e in events if e.kind not in (EventKind.STALL, EventKind.LOSS_SPIKE)] or list(events)
+    errors = [e for e in events if e.kind not in (EventKind.STALL, EventKind.LOSS_SPIKE)]
+    # Python prints a warning's source line right after it ("  warnings.warn(...)"): part of the warning.
+    echoes = {(e.anchor.feed, e.anchor.line_no + 1) for e in errors if is_warning(e)}
+    plain = [e for e in errors if not is_warning(e)
+             and not ((e.anchor.feed, e.anchor.line_no) in echoes and e.anchor.raw[:1].isspace())]
+    pool = raised or plain or ([] if errors else list(events))
     return pool[-1].anchor if pool else None
 
 
