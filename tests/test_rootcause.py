@@ -304,3 +304,12 @@ def test_a_warning_and_its_source_line_are_never_the_root_of_a_job_that_failed(e
     # An error after the warning is still the root.
     report = diagnose_lines(engine, [*lines, "[rank1]: MyPipelineError: shard 4 is missing its index"], 1)
     assert report.root_cause is not None and report.root_cause.text.endswith("shard 4 is missing its index")
+
+
+def test_a_time_limit_alone_is_told_as_the_schedulers_end_of_the_job(engine):
+    lines = [*(f"[rank{r}]: step {s} | loss 2.{s} | lr 1e-4" for s in range(3) for r in range(2)),
+             "slurmstepd: error: *** JOB 13967221 ON exa01 CANCELLED AT 2025-10-20T15:37:23 DUE TO TIME LIMIT ***"]
+    report = diagnose_lines(engine, lines, None)
+    assert report.failure_type == "time_limit"
+    assert report.explanation.startswith("Slurm time limit reached, at line 7: the scheduler ended the job")
+    assert "symptoms" not in report.explanation and "several" not in report.explanation

@@ -672,9 +672,14 @@ def _explain(
     title = winner.hit.title
     if role == Role.SYMPTOM and winner.hit.label.failure_type == FT.CANCELLED:
         return f"{title}, at line {winner.hit.line.line_no}; nothing failed before it."
+    if role == Role.SYMPTOM and is_resubmit(winner.hit.label.failure_type) and not any(
+            f.hit.role == Role.SYMPTOM and not is_resubmit(f.hit.label.failure_type) for f in findings):
+        # The scheduler's own word that it ended the job, and no other symptom beside it: that is the story.
+        return f"{title}, at line {winner.hit.line.line_no}: the scheduler ended the job; nothing failed before it."
     if role == Role.SYMPTOM:
         reporters = set().union(*(f.ranks for f in findings if f.hit.role == Role.SYMPTOM))
-        text = f"Only symptoms found: {title} on {len(reporters) or 'several'} ranks"
+        on = f" on {len(reporters)} rank{'s' * (len(reporters) != 1)}" if reporters else ""
+        text = f"Only symptoms found: {title}{on}"
         return text + (f"; the culprit is likely {where}, which fell silent or lagged." if where else ".")
     text = f"{title}{' on ' + where if where else ''} (line {winner.hit.line.line_no})"
     symptom_ranks: dict[str, set[int]] = defaultdict(set)
