@@ -342,7 +342,10 @@ def test_ctrl_c_reaches_the_child_and_its_exit_code_is_ours(tmp_path):
     assert p.returncode == 42  # what the child's handler exited with
     r = _result(tmp_path, p.returncode, out, err)
     [a] = r.attempts
-    assert a["trigger"] == "interrupted" and a["decision"] == "stop: interrupted"
+    assert a["trigger"] == "interrupted" and a["decision"].startswith("stop: interrupted: you stopped it")
+    # The user's own Ctrl-C is no failure: said so, and not as a failed job's report ("ask who before resubmitting").
+    assert "stopped by you (logdx received SIGINT, passed on to the job)" in err.decode()
+    assert "ask who" not in err.decode() and "FAILED" not in err.decode()
 
 
 def test_sigterm_is_forwarded_and_never_restarted(tmp_path):

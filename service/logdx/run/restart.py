@@ -50,7 +50,8 @@ def restart_decision(a: Attempt, opts: RunOptions, actions: ActionsSettings,
     if a.trigger == "ok":
         return False, "the job succeeded"
     if a.trigger == "interrupted":
-        return False, "interrupted"
+        # The signal came to logdx run (a Ctrl-C, an operator's kill) and was passed on: a person stopped it.
+        return False, "interrupted: you stopped it (logdx run passed the signal on), not a failure to restart"
     if a.trigger == "launch_failed":
         return False, "the command could not be started"
     if r is None:

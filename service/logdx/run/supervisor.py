@@ -163,8 +163,8 @@ class Supervisor:
         a diagnosis to alerts and actions (`logdx.act.respond`), as in the service. `logdx run`
         restarts the job itself, so the restart hook is not run here."""
         r = self.responder
-        if a.report is None or a.report.status != "failed":
-            return
+        if a.report is None or a.report.status != "failed" or a.trigger == "interrupted":
+            return  # stopped by whoever signalled logdx run: they know; nobody is paged for it
         also = [f"excluded {', '.join(excluded)} from the next launch"] if excluded else []
         also.append(f"logdx run: {a.decision}")
         if r is None:
@@ -209,6 +209,10 @@ class Supervisor:
             r = last.report
             where = f" (line {r.root_cause.line_no})" if r.root_cause else ""
             self.say(f"the job succeeded; its log also shows {_diag(r)}{where}: {r.explanation}")
+        elif last is not None and last.trigger == "interrupted":
+            shown = last.report is not None and last.report.status == "failed" and last.report.failure_type != "cancelled"
+            before = f"; before that its log showed {_diag(last.report)}" if shown and last.report else ""
+            self.say(f"stopped by you ({last.trigger_detail}, passed on to the job){before}: no alert, no restart")
         elif last is not None and last.report is not None and last.report.status == "failed":
             from logdx.act.render import render_text
 
