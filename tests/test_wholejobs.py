@@ -309,3 +309,16 @@ def test_a_silent_rank_only_the_watchdogs_name_is_restarted() -> None:
     truth, _ = lines_of(silent_rank_hang, seed=4, flavour="plain", style="torchrun", ranks=16, lines=3000,
                         report="absent", gap=False)
     assert (truth.failure_type, truth.action) == ("hang", "restart")
+
+
+@pytest.mark.parametrize("kind", ["spike", "nan_iterations", "grad_norm"])
+def test_no_point_of_a_divergence_is_listed_as_recovered(engine, kind: str) -> None:
+    # The loss's later spikes and NaNs are the divergence going on, not events the job came back from.
+    from logdx.testing import diagnose_lines
+
+    flavour = "plain" if kind == "spike" else "megatron"
+    truth, lines = lines_of(divergence_job, seed=1, flavour=flavour, style="torchrun", ranks=32, lines=4000, kind=kind)
+    report = diagnose_lines(engine, lines, truth.exit_code)
+    assert report.failure_type == truth.failure_type and report.progress and report.progress.divergence
+    begun = report.progress.divergence.line_no
+    assert [r.line_no for r in report.recovered if r.kind in ("loss_spike", "loss_nan") and r.line_no >= begun] == []

@@ -79,7 +79,7 @@ class Diagnoser:
         outcome = find_root_cause(events, summary, templates, self.rules, exit_code=exit_code)
         stage_ms = {"rules": _ms_since(t0)}
         diagnosis = self._diagnose(outcome, summary, templates, exit_code, stage_ms)
-        diagnosis.recovered = [_recovered(f) for f in outcome.recovered]
+        diagnosis.recovered = [_recovered(f) for f in outcome.recovered if not _inside_divergence(f, summary)]
         if diagnosis.status == "failed":
             diagnosis.stopped_first = first_stopped(summary)
         return diagnosis
@@ -140,6 +140,12 @@ class Diagnoser:
         finally:
             diagnosis.stage_ms[name] = _ms_since(t0)
         votes.append(vote)
+
+
+def _inside_divergence(f: Finding, summary: CompressionSummary) -> bool:
+    """A loss spike or NaN printed after the loss diverged is a point of that divergence, not one the job came back from."""
+    d = summary.progress.divergence
+    return d is not None and f.event.kind in (EventKind.LOSS_SPIKE, EventKind.LOSS_NAN) and f.hit.line.line_no >= d.line_no
 
 
 def _recovered(f: Finding) -> Recovered:
