@@ -325,6 +325,10 @@ class _SourceState:
     last_line: int = 0  # its last line of any kind, and that line's time: which rank went quiet
     last_ts: float | None = None
     quiet: int = 0  # its lines without an error word: did it go on doing its work?
+    # Its last line of its own work (no error word, outside a traceback or a dump) and that line's time: a rank
+    # still printing while the others wait in a collective (diagnose/timeouts.py).
+    last_work_line: int = 0
+    last_work_ts: float | None = None
 
 
 @dataclass
@@ -422,6 +426,10 @@ class Compressor:
         src.last_line = line_no
         src.quiet += shape.quiet
         self._quiet += shape.quiet
+        if shape.quiet and not (src.in_traceback or src.in_block or shape.block or shape.traceback):
+            src.last_work_line = line_no
+            if ts is not None:
+                src.last_work_ts = ts
         if ts is not None:
             src.last_ts = ts
         signal = None
@@ -908,6 +916,7 @@ class Compressor:
     def _progress(self) -> ProgressSummary:
         progress = self.timeline.summary({k: (s.last_line, s.last_ts) for k, s in self._sources.items()})
         progress.quiet = {k: s.quiet for k, s in self._sources.items()}
+        progress.last_work = {k: (s.last_work_line, s.last_work_ts) for k, s in self._sources.items() if s.last_work_line}
         progress.job_quiet = self._quiet
         for s in progress.sources:  # a progress line rarely says its host; the rank's other lines do
             if s.host is None and s.rank is not None:
