@@ -183,6 +183,13 @@ def cpu_side(seed: int) -> Job:
             for r in range(job.ranks):
                 if r != c:
                     watchdog(job, r, seq, op, n_in, n_out, newer=newer)
+            if seed % 2:  # TORCH_NCCL_DESYNC_DEBUG=1: the first rank to time out asks the store who is missing
+                first = 0 if c else 1
+                job.rank_line(first, f" - [{first}] Timeout at collective: {op}, #{seq}")
+                job.rank_line(first, " - To our best knowledge, the lagging/dead/mismatched ranks that caused the "
+                                     "desync are:")
+                job.rank_line(first, f"     [{c}] finished collective #{seq - 1}, but didn't join collective #{seq} "
+                                     "(count from 1)")
     teardown(job, [r for r in range(job.ranks) if r != c])
     return job
 

@@ -189,7 +189,7 @@ def _timeout_block(d: Diagnosis) -> TimeoutBlock | None:
     if t is None:
         return None
     spec = t.spec
-    return TimeoutBlock(cause=t.cause, title=spec.title, evidence=[_clip(e) for e in t.evidence[:8]],  # type: ignore[arg-type]
+    return TimeoutBlock(cause=t.cause, title=spec.title, evidence=[_clip(e) for e in t.evidence[:8]],
                         missing=t.missing, culprit_ranks=t.ranks[:64], culprit_hosts=t.hosts[:16], action=spec.action,
                         decided=t.decided, explained_by=t.explained_by)
 

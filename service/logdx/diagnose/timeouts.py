@@ -117,6 +117,17 @@ def _merged(parts: Sequence[dict[tuple[str, int], WorkSeen]]) -> dict[tuple[str,
                     seen.numel_in, seen.numel_out = w.numel_in, w.numel_out
                 if seen.completed is None:
                     seen.completed = w.completed
+    # A line that names no process group (torch's "[Rank 3] Watchdog caught ...") is the same rank's line as the
+    # one that does, when they tell of the same collective.
+    for (pg, rank), w in list(out.items()):
+        named = next((k for k in out if k[1] == rank and k[0] and out[k].seq == w.seq), None) if not pg else None
+        if named is not None:
+            target = out[named]
+            target.op = target.op or w.op
+            if target.numel_in is None:
+                target.numel_in, target.numel_out = w.numel_in, w.numel_out
+            target.line_no = min(target.line_no, w.line_no)
+            del out[(pg, rank)]
     return out
 
 
@@ -188,7 +199,7 @@ def _desync(findings: Sequence[Finding]) -> _Desync:
             elif (m := _NOT_FINISHED.search(text)) is not None:
                 out.not_finished.update({r: (int(m.group("seq")), rec.line_no) for r in _ranks(m.group("ranks"))})
             elif (m := _NEVER_JOINED.search(text)) is not None:
-                out.never_joined.update({r: rec.line_no for r in _ranks(m.group("ranks"))})
+                out.never_joined.update(dict.fromkeys(_ranks(m.group("ranks")), rec.line_no))
     return out
 
 
@@ -200,11 +211,11 @@ def _misconfig(works: dict[tuple[str, int], WorkSeen], mismatch: Sequence[Findin
                summary: CompressionSummary) -> TimeoutVerdict | None:
     if mismatch:
         f = min(mismatch, key=lambda x: x.hit.line.line_no)
-        ranks = sorted(f.ranks) or ([f.hit.rank] if f.hit.rank is not None else [])
+        raised = sorted(f.ranks) or ([f.hit.rank] if f.hit.rank is not None else [])
         return TimeoutVerdict(
-            "misconfig", evidence=[f"line {f.hit.line.line_no}: {_clip(f.hit.line.text)}"], ranks=ranks,
-            hosts=_hosts(ranks, summary),
-            hint=f"TORCH_DISTRIBUTED_DEBUG's check found ranks {', '.join(map(str, ranks)) or '?'} running different "
+            "misconfig", evidence=[f"line {f.hit.line.line_no}: {_clip(f.hit.line.text)}"], ranks=raised,
+            hosts=_hosts(raised, summary),
+            hint=f"TORCH_DISTRIBUTED_DEBUG's check found ranks {', '.join(map(str, raised)) or '?'} running different "
                  f"collectives (line {f.hit.line.line_no}): {timeout_class('misconfig').advice}.")
     by_seq: dict[tuple[str, int], dict[int, WorkSeen]] = defaultdict(dict)
     for (pg, rank), w in works.items():
@@ -216,6 +227,10 @@ def _misconfig(works: dict[tuple[str, int], WorkSeen], mismatch: Sequence[Findin
             continue
         common, _ = counts.most_common(1)[0]
         odd = sorted(r for r, w in ranks.items() if w.signature() != common)
+        if not pg and (len(counts) > 2 or len(odd) > max(1, len(ranks) // 8)):
+            continue  # lines that name no process group: the same number in two groups may be two collectives
+        if len(counts) > 3:
+            continue  # every rank its own size: not one collective
         if len(odd) > len(ranks) // 2:
             odd = []  # no majority to call the others odd: every side is named in the evidence
         sides = [f"{_sig(sig)} on {n} rank{'s' if n > 1 else ''}" for sig, n in counts.most_common(4)]
@@ -346,7 +361,7 @@ def _gpu_hang(works: dict[tuple[str, int], WorkSeen], desync: _Desync,
     by_pg: dict[str, dict[int, WorkSeen]] = defaultdict(dict)
     for (pg, rank), w in works.items():
         by_pg[pg][rank] = w
-    for pg, seen in by_pg.items():
+    for seen in by_pg.values():
         seqs = Counter(w.seq for w in seen.values())
         if len(seqs) < 2:
             continue
