@@ -330,9 +330,26 @@ def unknown(seed: int) -> Job:
     return job
 
 
+def stopped_first(seed: int) -> Job:
+    """Not cpu_side: the rank behind stopped printing before the others did (stuck on its GPU, or dead without a
+    word); nothing tells which, so the class is unknown and the hang's verdict stands."""
+    job, rng = _job(seed, "unknown")
+    c = job.culprit
+    assert c is not None
+    step, op, n_in, n_out, seq = _shape(rng, job.ranks)
+    progress(job, rng, step - 300, step - 20)
+    progress(job, rng, step - 10, step, skip=frozenset({c}))
+    job.tick(TIMEOUT_MS / 1000)
+    for r in range(job.ranks):
+        if r != c:
+            watchdog(job, r, seq, op, n_in, n_out, newer=seed % 2 == 0)
+    teardown(job, [r for r in range(job.ranks) if r != c])
+    return job
+
+
 SCENARIOS: dict[str, Callable[[int], Job]] = {
     "cpu_side": cpu_side, "misconfig_sizes": misconfig_sizes, "misconfig_wrapper": misconfig_wrapper,
-    "gpu_hang": gpu_hang, "network": network, "unknown": unknown,
+    "gpu_hang": gpu_hang, "network": network, "unknown": unknown, "stopped_first": stopped_first,
 }
 SEEDS = range(6)
 
@@ -387,6 +404,14 @@ def test_a_network_timeout_keeps_the_network_verdict(engine: Engine) -> None:
         assert (report.category, report.failure_type) == ("infrastructure", "network_error"), (seed, report)
         assert report.action in ("restart", "cordon_and_restart")
         assert report.timeout is not None and host(job.culprit or 0) in report.timeout.culprit_hosts
+
+
+def test_a_rank_that_stopped_first_keeps_the_hang_verdict(engine: Engine) -> None:
+    for seed in SEEDS:
+        job = stopped_first(seed)
+        report = diagnose(engine, job.lines)
+        assert (report.category, report.failure_type) == ("infrastructure", "hang"), (seed, report.failure_type)
+        assert report.culprits.ranks == [job.culprit], seed
 
 
 def test_unknown_says_what_is_missing(engine: Engine) -> None:

@@ -55,7 +55,7 @@ _SIZES_MAY_DIFFER = ("ALLTOALL", "SEND", "RECV", "GATHER", "SCATTER")
 _WATCHDOG_TYPES = frozenset({FT.NCCL_TIMEOUT, FT.HANG})
 # The timeout verdicts a class may relabel: a watchdog's symptom, or a hang the rules inferred from one.
 _TIMEOUT_RULES = frozenset({"hang-silent-rank", "desync-report-lagging-rank", "hang-flight-recorder"})
-_NETWORK_TYPES = frozenset({FT.NETWORK_ERROR})
+_NETWORK_TYPES = frozenset({FT.NETWORK_ERROR, "connection_error"})
 _GPU_TYPES = frozenset({FT.CUDA_ERROR})
 # A rank that printed its own work this long after the others' last step was not waiting with them.
 _MIN_GAP_S = 60.0
@@ -174,7 +174,8 @@ def classify(winner: Finding | None, role: Role | None, findings: Sequence[Findi
         return verdict
     if winner is not None and not _is_timeout_verdict(winner, role):
         return _explained(winner, summary)
-    return _cpu_side(works, desync, findings, summary) or _gpu_hang(works, desync, summary) or _unknown(works, desync)
+    return (_cpu_side(works, desync, findings, summary) or _gpu_hang(works, desync, summary)
+            or _unknown(works, desync, summary))
 
 
 # -- the signals ----------------------------------------------------------------------------------------
@@ -383,7 +384,7 @@ def _gpu_hang(works: dict[tuple[str, int], WorkSeen], desync: _Desync,
                                f"{timeout_class('gpu_hang').advice}.")
 
 
-def _unknown(works: dict[tuple[str, int], WorkSeen], desync: _Desync) -> TimeoutVerdict:
+def _unknown(works: dict[tuple[str, int], WorkSeen], desync: _Desync, summary: CompressionSummary) -> TimeoutVerdict:
     evidence = []
     if works:
         seqs = Counter(w.seq for w in works.values())
@@ -391,17 +392,24 @@ def _unknown(works: dict[tuple[str, int], WorkSeen], desync: _Desync) -> Timeout
         op = next((w.op for w in works.values() if w.seq == seq and w.op), None)
         evidence.append(f"{n} rank{'s' if n > 1 else ''} timed out on {op + ' ' if op else ''}SeqNum {seq}"
                         + (f" ({len(seqs)} sequence numbers in all)" if len(seqs) > 1 else ", all alike"))
+    for r, (seq, line) in sorted(desync.not_joined.items())[:4]:
+        evidence.append(f"line {line}: the desync report: rank {r} finished collective #{seq} and never joined the "
+                        "next (its CPU never issued it: elsewhere in the code, or dead; nothing it printed tells which)")
     if desync.never_joined:
         evidence.append(f"the desync report: ranks {', '.join(map(str, sorted(desync.never_joined)))} never joined "
                         "any collective")
-    missing = ["the flight recorder's dumps (TORCH_NCCL_TRACE_BUFFER_SIZE=2000, TORCH_NCCL_DUMP_ON_TIMEOUT=1; "
-               "logdx --fr-dumps) or the desync report (TORCH_NCCL_DESYNC_DEBUG=1): which rank never joined, which "
-               "joined and never finished",
-               "every rank's output prefixed with its rank (torchrun --tee 3, or srun --label): which rank went on "
-               "printing while the others waited",
-               "py-spy dump of each rank at the hang: where each process sits"]
+    missing = []
+    if not (desync.not_joined or desync.not_finished or desync.never_joined):
+        missing.append("the flight recorder's dumps (TORCH_NCCL_TRACE_BUFFER_SIZE=2000, TORCH_NCCL_DUMP_ON_TIMEOUT=1; "
+                       "logdx --fr-dumps) or the desync report (TORCH_NCCL_DESYNC_DEBUG=1): which rank never joined, "
+                       "which joined and never finished")
+    if not any(k[:1] == "r" and k[1:].isdigit() for k in summary.progress.last_work):
+        missing.append("every rank's output prefixed with its rank (torchrun --tee 3 or --local-ranks-filter, srun "
+                       "--label): which rank went on printing while the others waited")
+    missing.append("py-spy dump of each rank at the hang (or faulthandler): where each process sits")
+    ranks = sorted(set(desync.never_joined) | set(desync.not_joined))
     return TimeoutVerdict("unknown", evidence=evidence or ["collective timeouts with no op, size or rank to compare"],
-                          missing=missing, ranks=sorted(desync.never_joined))
+                          missing=missing, ranks=ranks, hosts=_hosts(ranks, summary))
 
 
 def _clip(text: str, limit: int = 160) -> str:
