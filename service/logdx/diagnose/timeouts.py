@@ -281,20 +281,28 @@ def _others_stop(summary: CompressionSummary, culprits: set[int]) -> tuple[int, 
     return line, (max(times) if times else None)
 
 
-def _still_working(rank: int, others_stop: tuple[int, float | None], first_watchdog: tuple[int, float | None],
-                   summary: CompressionSummary) -> tuple[int, float | None] | None:
+def _still_working(rank: int, others_stop: tuple[int, float | None], watchdogs: dict[tuple[str, int], WorkSeen],
+                   findings: Sequence[Finding], summary: CompressionSummary) -> tuple[int, float | None] | None:
     """The rank's last line of its own work, when it came after the others had stopped: after their watchdogs
-    fired, or (by the clock) well after their last step."""
+    fired, or (by the clock) well after their last step. Lines of one host's stream arrive in the order they were
+    written, streams in any order (per-node files, uploads): arrival order is read only within the rank's host."""
     work = summary.progress.last_work.get(f"r{rank}")
     if work is None:
         return None
     line, ts = work
-    # A line without a stamp of its own keeps its stream's last time (a lower bound): after the watchdogs by
-    # line order, or by the clock.
-    if line > first_watchdog[0] or (ts is not None and first_watchdog[1] is not None and ts > first_watchdog[1]):
+    host = summary.rank_hosts.get(rank)
+    beside = [w.line_no for (_, r), w in watchdogs.items() if host is not None and summary.rank_hosts.get(r) == host]
+    if beside and line > min(beside):
         return work
-    stop_line, stop_ts = others_stop
-    if ts is not None and stop_ts is not None and line > stop_line:
+    # A line without a stamp of its own keeps its stream's last time: a lower bound, so a later time is sure.
+    first = min(watchdogs.values(), key=lambda w: w.line_no)
+    first_ts = min((t for w in watchdogs.values() if (t := _ts_of_line(findings, w.line_no)) is not None), default=None)
+    if ts is not None and first_ts is not None and ts > first_ts:
+        return work
+    if not summary.hosts and line > first.line_no:
+        return work  # no host anywhere: one stream, in the order it was written
+    stop_ts = others_stop[1]
+    if ts is not None and stop_ts is not None:
         gap = max(_MIN_GAP_S, _GAP_INTERVALS * (summary.step_interval_s or 0.0))
         if ts - stop_ts >= gap:
             return work
@@ -310,11 +318,10 @@ def _cpu_side(works: dict[tuple[str, int], WorkSeen], desync: _Desync, findings:
     if not candidates or not works:
         return None
     first = min(works.values(), key=lambda w: w.line_no)  # the others': no candidate reported
-    first_watchdog = (first.line_no, _ts_of_line(findings, first.line_no))
     others = _others_stop(summary, set(candidates))
     if others is None:
         return None
-    working = {r: w for r in candidates if (w := _still_working(r, others, first_watchdog, summary)) is not None}
+    working = {r: w for r in candidates if (w := _still_working(r, others, works, findings, summary)) is not None}
     if not working or len(working) > max(1, summary.world_size // 8):
         return None
     ranks = sorted(working)
