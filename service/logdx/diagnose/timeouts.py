@@ -52,7 +52,8 @@ _NEVER_JOINED = re.compile(r"ranks \[(?P<ranks>[\d, ]+)\] are the lagging ranks 
 _MISMATCH = "Detected mismatch between collectives on ranks"
 # Ops whose sizes differ across ranks by design (uneven all_to_all splits): only their op type is compared.
 _SIZES_MAY_DIFFER = ("ALLTOALL", "SEND", "RECV", "GATHER", "SCATTER")
-_WATCHDOG_TYPES = frozenset({FT.NCCL_TIMEOUT, FT.HANG})
+# The rules whose lines say a collective timed out (besides any line that carries a watchdog's work).
+_WATCHDOG_RULES = frozenset({"nccl-watchdog-timeout", "nccl-watchdog-stuck", "desync-report-lagging-rank"})
 # The timeout verdicts a class may relabel: a watchdog's symptom, or a hang the rules inferred from one.
 _TIMEOUT_RULES = frozenset({"hang-silent-rank", "desync-report-lagging-rank", "hang-flight-recorder"})
 _NETWORK_TYPES = frozenset({FT.NETWORK_ERROR, "connection_error"})
@@ -162,8 +163,7 @@ def _is_timeout_verdict(winner: Finding | None, role: Role | None) -> bool:
 def classify(winner: Finding | None, role: Role | None, findings: Sequence[Finding],
              summary: CompressionSummary) -> TimeoutVerdict | None:
     """The class of the job's collective timeouts; None when the job shows none."""
-    timeouts = [f for f in findings if f.hit.label.failure_type in _WATCHDOG_TYPES and (f.works or f.hit.role is
-                Role.SYMPTOM or f.hit.rule_id == "desync-report-lagging-rank")]
+    timeouts = [f for f in findings if f.works or f.hit.rule_id in _WATCHDOG_RULES]
     mismatch = [f for f in findings if _MISMATCH in f.hit.line.text]
     if not timeouts and not mismatch:
         return None
