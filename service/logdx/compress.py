@@ -340,6 +340,10 @@ class _SourceState:
     section: str | None = None
     section_gap: int = 0
     ps: PsColumns | None = None  # the columns of the `ps` listing being printed
+    # Its last line of its own work (no error word, outside a traceback or a dump) and that line's time: a rank
+    # still printing while the others wait in a collective (diagnose/timeouts.py).
+    last_work_line: int = 0
+    last_work_ts: float | None = None
 
 
 # Lines between a section's name and its dumps, or between its dumps ("4 in:", blanks, a markdown fence).
@@ -421,12 +425,6 @@ class Compressor:
         rank, host, ts = rec.rank, rec.host, rec.ts
         if rank is not None or host is not None:
             self._note_origin(rank, host, stats)
-        if ts is not None:
-            if self._first_ts is None:
-                self._first_ts = ts
-            # The time the log reached, by line order: a max would let one mis-dated line (a stamp
-            # without a year, an skewed host) stretch the log by months.
-            self._last_ts = ts
         if shape.topology:
             self._note_topology(rec)
         if rank is not None:
@@ -443,7 +441,14 @@ class Compressor:
         src.quiet += shape.quiet
         self._quiet += shape.quiet
         if ts is not None:
-            src.last_ts = ts
+            if self._first_ts is None:
+                self._first_ts = ts
+            # The time the log reached, by line order: a max would let one mis-dated line (a stamp
+            # without a year, an skewed host) stretch the log by months.
+            self._last_ts = src.last_ts = ts
+        if shape.quiet and not (src.in_traceback or src.in_block or shape.block or shape.traceback):
+            src.last_work_line = line_no
+            src.last_work_ts = ts if ts is not None else src.last_work_ts
         signal = None
         if shape.progress is not None:
             signal = self._note_progress(rec, src, source_key, shape, encoded)
@@ -1022,6 +1027,7 @@ class Compressor:
     def _progress(self) -> ProgressSummary:
         progress = self.timeline.summary({k: (s.last_line, s.last_ts) for k, s in self._sources.items()})
         progress.quiet = {k: s.quiet for k, s in self._sources.items()}
+        progress.last_work = {k: (s.last_work_line, s.last_work_ts) for k, s in self._sources.items() if s.last_work_line}
         progress.job_quiet = self._quiet
         for s in progress.sources:  # a progress line rarely says its host; the rank's other lines do
             if s.host is None and s.rank is not None:

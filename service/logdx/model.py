@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from logdx.diagnose.timeouts import TimeoutVerdict
 
 
 class Category(StrEnum):
@@ -276,6 +280,8 @@ class ProgressSummary:
     # Every source's last line of any kind (line_no, ts): which rank went quiet first.
     last_output: dict[str, tuple[int, float | None]] = field(default_factory=dict)
     quiet: dict[str, int] = field(default_factory=dict)  # per source, lines without an error word
+    # Every source's last line of its own work (no error word, outside a traceback or dump): (line_no, ts).
+    last_work: dict[str, tuple[int, float | None]] = field(default_factory=dict)
     job_quiet: int = 0
     job_advances: int = 0
     job_rises: int = 0  # how often the job's highest step rose
@@ -456,3 +462,4 @@ class Diagnosis:
     recovered: list[Recovered] = field(default_factory=list)  # what the job went on after
     stopped_first: StoppedFirst | None = None
     stage_ms: dict[str, float] = field(default_factory=dict)  # time spent in each diagnosis stage
+    timeout: TimeoutVerdict | None = None  # why the job's collectives timed out, when they did

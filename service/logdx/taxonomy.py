@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -41,7 +41,10 @@ __all__ = [
     "module_of_path",
     "owner_of",
     "taxonomy",
+    "timeout_class",
     "title_of",
+    "TIMEOUT_CLASSES",
+    "TimeoutClass",
 ]
 
 
@@ -78,11 +81,20 @@ class _TypeSpec(BaseModel):
     advice: str = ""
 
 
+class _TimeoutClassSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    title: str
+    advice: str
+    failure_type: str | None = None
+    action: Action | None = None
+
+
 class _FileSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     actions: dict[Action, _ActionSpec]
     categories: dict[Category, _CategorySpec]
     failure_types: dict[str, _TypeSpec]
+    timeout_classes: dict[str, _TimeoutClassSpec] = {}
     owners: dict[str, str] = {}
     library_default: str
 
@@ -99,6 +111,20 @@ class FailureType:
     advice: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class TimeoutClass:
+    """Why a collective timed out, and what it implies (taxonomy.yaml `timeout_classes`)."""
+
+    name: str
+    title: str
+    advice: str
+    failure_type: str | None  # the label a timeout verdict takes for this cause; None: its own
+    action: Action | None  # None: the verdict's own action
+
+
+TIMEOUT_CLASSES = ("cpu_side", "gpu_hang", "misconfig", "network", "unknown")
+
+
 @dataclass(frozen=True)
 class Taxonomy:
     types: dict[str, FailureType]
@@ -108,6 +134,7 @@ class Taxonomy:
     category_titles: dict[Category, str]
     owners: dict[str, str]  # dotted module prefix -> failure type of what it raises
     library_default: str  # failure type of a library error no owner names
+    timeout_classes: dict[str, TimeoutClass] = field(default_factory=dict)
 
     def by_category(self) -> dict[Category, tuple[str, ...]]:
         out: dict[Category, list[str]] = {c: [] for c in Category}
@@ -154,6 +181,7 @@ def load_taxonomy(path: Path = TAXONOMY_PATH) -> Taxonomy:
     missing_actions = set(Action) - set(spec.actions)
     if missing_actions:
         problems.append(f"{path}: actions missing: {', '.join(sorted(a.value for a in missing_actions))}")
+    problems += _timeout_class_problems(spec, path, text)
     if problems:
         raise TaxonomyError("\n".join(problems))
     types = {name: FailureType(name, t.category, t.action, t.title, t.hardware, t.resubmit, t.by_numbers, t.advice)
@@ -166,7 +194,30 @@ def load_taxonomy(path: Path = TAXONOMY_PATH) -> Taxonomy:
         category_titles={c: s.title for c, s in spec.categories.items()},
         owners=dict(spec.owners),
         library_default=spec.library_default,
+        timeout_classes={name: TimeoutClass(name, c.title, c.advice, c.failure_type, c.action)
+                         for name, c in spec.timeout_classes.items()},
     )
+
+
+def _timeout_class_problems(spec: _FileSpec, path: Path, text: str) -> list[str]:
+    """Every class the code decides on is declared, names a known type, and states the type's own action."""
+    problems = []
+    if set(spec.timeout_classes) != set(TIMEOUT_CLASSES):
+        problems.append(f"{path}: timeout_classes: must be exactly {', '.join(TIMEOUT_CLASSES)}")
+    for name, c in spec.timeout_classes.items():
+        where = f"{path}:{_line_of(text, ['timeout_classes', name])}: {name}"
+        t = spec.failure_types.get(c.failure_type or "")
+        if c.failure_type is not None and t is None:
+            problems.append(f"{where}: unknown failure type {c.failure_type}")
+        elif t is not None and c.action is not None and c.action != t.action:
+            problems.append(f"{where}: action {c.action.value} is not {c.failure_type}'s ({t.action.value})")
+        if c.action is Action.CORDON_AND_RESTART:
+            problems.append(f"{where}: a timeout's cause alone never cordons")
+    return problems
+
+
+def timeout_class(name: str) -> TimeoutClass:
+    return taxonomy().timeout_classes[name]
 
 
 def _line_of(text: str, keys: list[str]) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from logdx.model import Action, Category, CompressionSummary, Diagnosis, Divergence, ProgressSummary
 
@@ -110,6 +110,25 @@ class RecoveredItem(BaseModel):
     source: str
 
 
+class TimeoutBlock(BaseModel):
+    """Why the job's collectives timed out (diagnose/timeouts.py; the classes: taxonomy.yaml `timeout_classes`)."""
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+    cause: Literal["cpu_side", "gpu_hang", "misconfig", "network", "unknown"] = Field(
+        alias="class", description="cpu_side: ranks ran different code; misconfig: different ops or sizes at the same "
+        "sequence number; gpu_hang: a rank's work was enqueued and never completed; network: a link or HCA failed "
+        "under the collective; unknown: the log does not say (see `missing`)")
+    title: str = ""
+    evidence: list[str] = Field(default_factory=list, description="what decided the class, with line numbers")
+    missing: list[str] = Field(default_factory=list, description="when unknown: what would tell the classes apart")
+    culprit_ranks: list[int] = Field(default_factory=list)
+    culprit_hosts: list[str] = Field(default_factory=list)
+    action: Action | None = Field(None, description="the action this cause implies; null: the verdict's own")
+    decided: bool = Field(False, description="the class set the report's label and action (a timeout verdict)")
+    explained_by: str | None = Field(None, description="the rule of the root cause that explains the timeouts")
+
+
 # "unknown": the log shows neither a failure nor the job's health (no end of the run, no exit code, training
 # that did not go on past its errors; logdx/diagnose/health.py); "empty": the input held no log text at all.
 Status = Literal["failed", "healthy", "unknown", "empty"]
@@ -134,6 +153,7 @@ class Report(BaseModel):
     recovered: list[RecoveredItem] = Field(default_factory=list)
     decided_by: str = Field("rules", description="the stage whose verdict stands: rules, catalog, or a learned stage "
                             "(retrieval, llm, fusion) that changed it; a learned stage's verdict never cordons")
+    timeout: TimeoutBlock | None = Field(None, description="why the collectives timed out; null when none did")
 
 
 def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: dict[str, float]) -> Report:
@@ -160,7 +180,18 @@ def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: 
         recovered=[RecoveredItem(line_no=r.line_no, text=_clip(r.text), kind=r.kind, rank=r.rank, host=r.host,
                                  source=r.source) for r in d.recovered[:_MAX_RECOVERED]],
         decided_by=d.decided_by,
+        timeout=_timeout_block(d) if not healthy else None,
     )
+
+
+def _timeout_block(d: Diagnosis) -> TimeoutBlock | None:
+    t = d.timeout
+    if t is None:
+        return None
+    spec = t.spec
+    return TimeoutBlock(cause=t.cause, title=spec.title, evidence=[_clip(e) for e in t.evidence[:8]],
+                        missing=t.missing, culprit_ranks=t.ranks[:64], culprit_hosts=t.hosts[:16], action=spec.action,
+                        decided=t.decided, explained_by=t.explained_by)
 
 
 def _progress_block(p: ProgressSummary, d: Diagnosis, *, failed: bool) -> ProgressBlock | None:

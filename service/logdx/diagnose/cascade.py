@@ -158,6 +158,12 @@ def settle_action(diagnosis: Diagnosis) -> Diagnosis:
     """The last word on the action, whichever stage chose the label: a cordon only when the log
     blames exactly one machine (culprit.py), otherwise a restart, and the report says why."""
     label = diagnosis.label
+    timeout = diagnosis.timeout
+    if label is not None and timeout is not None and timeout.decided and (action := timeout.spec.action) is not None \
+            and label.action is not action:
+        # The timeout's cause set the verdict (the code's or the config's): its action, whichever stage spoke last.
+        diagnosis.label = label = Label(label.category, label.failure_type, action)
+        diagnosis.notes.append(f"{action.value}: the collectives timed out because {timeout.spec.title}")
     if label is None or label.action is not Action.CORDON_AND_RESTART:
         return diagnosis
     att = diagnosis.attribution
@@ -283,4 +289,5 @@ def _from_rules(outcome: RulesOutcome, exit_code: int | None) -> Diagnosis:
         explanation=outcome.explanation,
         hint=outcome.hint,
         votes=[outcome.vote],
+        timeout=outcome.timeout,
     )

@@ -31,6 +31,7 @@ from logdx.diagnose.life import MIN_ADVANCES, ends_its_process, is_warning, says
 from logdx.diagnose.occupied import taken_by_another_process
 from logdx.diagnose.origin import locate
 from logdx.diagnose.rules import RuleHit, RuleSet, render_hint
+from logdx.diagnose.timeouts import TimeoutVerdict, WorkSeen, classify, note_work, relabel
 from logdx.model import (
     FT,
     READ_AS_A_WHOLE,
@@ -70,6 +71,7 @@ class Finding:
     ranks: set[int] = field(default_factory=set)
     hosts: set[str] = field(default_factory=set)
     seq_by_rank: dict[int, int] = field(default_factory=dict)  # NCCL collective each rank reported
+    works: dict[tuple[str, int], WorkSeen] = field(default_factory=dict)  # (process group, rank): its watchdog's work
     survived: bool = False  # the job (or its rank) went on making progress after it
 
 
@@ -87,6 +89,7 @@ class RulesOutcome:
     hint: str
     unexplained_events: list[Event] = field(default_factory=list)  # events no rule knew
     recovered: list[Finding] = field(default_factory=list)  # what the job went on after (notes)
+    timeout: TimeoutVerdict | None = None  # why its collectives timed out, when they did
 
 
 def find_root_cause(
@@ -111,6 +114,9 @@ def find_root_cause(
     stuck = _stuck_in_a_hang(winner, dumps, summary)
     if stuck:
         att = with_stuck(att, stuck, findings)
+    timeout = classify(winner, role, findings, summary)
+    if timeout is not None and winner is not None and (changed := relabel(winner, role, timeout, att, summary)):
+        winner, role, att = changed
     att = verify_hosts(att, summary)
     vote = _vote(winner, findings)
     vote.evidence += [Evidence(line_no=p.event.line_no, text=_clip(p.event.anchor.raw), source="detect:process_state")
@@ -123,6 +129,8 @@ def find_root_cause(
     if role is not Role.SYMPTOM:  # where a symptom was raised (KeyboardInterrupt) says nothing of a cause
         explanation += _raised_where(winner, rules)
     hint = _hint(winner, rules, att.hosts, att.ranks, att.gpus)
+    if timeout is not None and not timeout.decided and timeout.hint:
+        hint = f"{timeout.hint} {hint}".strip()
     return RulesOutcome(
         vote=vote,
         winner=winner,
@@ -134,6 +142,7 @@ def find_root_cause(
         hint=hint,
         unexplained_events=unexplained,
         recovered=recovered,
+        timeout=timeout,
     )
 
 
@@ -363,6 +372,8 @@ def _note_where(found: Finding, hit: RuleHit) -> None:
         found.ranks.add(hit.rank)
         if "SeqNum=" in hit.line.text and (m := _SEQNUM.search(hit.line.text)):
             found.seq_by_rank[hit.rank] = int(m.group(1))
+        if "NCCL work" in hit.line.text or "WorkNCCL(" in hit.line.text:
+            note_work(found.works, hit.rank, hit.line.text, hit.line.line_no)
     if hit.host:
         found.hosts.add(hit.host)
 

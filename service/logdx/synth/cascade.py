@@ -73,7 +73,10 @@ _CUDA_CHECK_FRAMES = [
 
 
 def work_nccl(job: Job, seq: int, ran_ms: int) -> str:
-    numel = 1 << job.rng.randrange(20, 27)
+    # One collective has one size on every rank (ranks that disagree are a misconfiguration of their own); the
+    # draw stays so that every other line of a generated job is what it was.
+    job.rng.randrange(20, 27)
+    numel = 1 << (20 + seq % 7)
     return (f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn={numel}, NumelOut={numel}, "
             f"Timeout(ms)={job.nccl_timeout_ms}) ran for {ran_ms} milliseconds before timing out.")
 
