@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
-from logdx import __version__
+from logdx import __version__, formats
 from logdx.agent.tools import (
     UNTRUSTED_NOTE,
     ActionsDone,
@@ -106,7 +106,7 @@ def build_server(toolbox: Toolbox) -> MCPServer:
         job_id: Annotated[str | None, Field(
             description="instead of paths: a job of the running logdx service (its latest diagnosis)")] = None,
         format: Annotated[str, Field(
-            description="auto (default), text, ndjson, msgpack, otlp, otlp-json, loki, loki-json")] = "auto",
+            description=f"one of {', '.join(formats.accepted_names())}; auto (default) tells by the bytes")] = "auto",
         exit_code: Annotated[int | None, Field(
             description="how the job ended, when known: 0 with no fatal event is healthy")] = None,
         full: Annotated[bool, Field(
