@@ -122,6 +122,10 @@ _ALLOCATION = re.compile(
 _MAX_ALLOCATION = 4096
 _MAX_BOXES = 4096
 _HOSTLIST_PART = re.compile(r"(?:[^,\[]|\[[^\]]*\])+")  # a comma inside brackets is a range's
+# NCCL's start-up lines on the transport: "NCCL INFO Using network IB" (and 2.19+'s "Assigned NET plugin Socket to
+# comm"), "NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0'".
+_NCCL_SETUP = re.compile(r"NCCL INFO (?:Using network (?P<net>\w+)|Assigned NET plugin (?P<net2>\w+) to comm"
+                         r"|.*GPU Direct RDMA (?P<gdr>Enabled|Disabled) for HCA)")
 _NCCL_COMM = re.compile(r"NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nr?[Rr]anks \d+ cudaDev (\d+)(?: nvmlDev \d+)? busId ([0-9a-fA-F]+)")
 
 
@@ -382,6 +386,8 @@ class Compressor:
         # are not.
         self._box: tuple[_Origin, int, str | None] | None = None
         self._srun_tasks: dict[int, str] = {}  # srun's task -> node, from its error lines
+        # host -> what NCCL's start-up said of its transport: "network" / "gdr" -> (value, line, raw line)
+        self._nccl_setup: dict[str, dict[str, tuple[str, int, str]]] = {}
         # (first line, last line, rank, host of the stream) of ranks' entries in that box
         self._boxes: list[tuple[int, int, int, str | None]] = []
         self._gpu_ranks: dict[str, int] = {}
@@ -560,7 +566,8 @@ class Compressor:
             topology=("NCCL INFO comm" in masked and "busId" in masked) or "[Rank <*>] [job id" in masked
             or _BOX_HOST.match(text) is not None or _BOX_RANK.match(text) is not None
             or _ALLOCATION.search(text) is not None or _SRUN_TASKS.match(text) is not None
-            or "num_local_procs=" in masked or "spawned with command" in masked,
+            or "num_local_procs=" in masked or "spawned with command" in masked
+            or _NCCL_SETUP.search(text) is not None,
         )
         shape.stats = stats
         shape.collected = shape.section or shape.ps_header is not None or bool(shape.ps_row)
@@ -632,7 +639,7 @@ class Compressor:
                 stats.hosts.add(host)
 
     def _note_topology(self, rec: Record) -> None:
-        if self._note_named_rank_host(rec):
+        if self._note_named_rank_host(rec) or self._note_nccl_setup(rec):
             return
         m = _NCCL_COMM.search(rec.text)
         if m is None or rec.host is None or len(self._gpu_ranks) > 3 * self.config.max_ids_per_template:
@@ -644,6 +651,21 @@ class Compressor:
             self._gpu_ranks[f"{rec.host}|pid:{rec.pid}"] = rank
         self._rank_hosts.setdefault(rank, rec.host)
         self._max_rank = max(self._max_rank, rank)
+
+    def _note_nccl_setup(self, rec: Record) -> bool:
+        """NCCL's start-up word on how a host's ranks talk to the others: the network it chose (IB, Socket...),
+        GPU Direct RDMA on or off; the first line of each kind per host (what diagnose/degradations.py reads)."""
+        m = _NCCL_SETUP.search(rec.text)
+        if m is None:
+            return False
+        host = rec.host or ""
+        if len(self._nccl_setup) < self.config.max_sources or host in self._nccl_setup:
+            seen = self._nccl_setup.setdefault(host, {})
+            if net := m.group("net") or m.group("net2"):
+                seen.setdefault("network", (net, rec.line_no, rec.raw))
+            else:
+                seen.setdefault("gdr", (m.group("gdr"), rec.line_no, rec.raw))
+        return True
 
     def _note_named_rank_host(self, rec: Record) -> bool:
         """A line that names a rank and its host in words (not NCCL's init line), or the job's
@@ -1015,6 +1037,7 @@ class Compressor:
             gpu_ranks=dict(self._gpu_ranks),
             allocated_hosts=list(self._allocated or []),
             failure_boxes=list(self._boxes),
+            nccl_setup={h: dict(kinds) for h, kinds in self._nccl_setup.items()},
             srun_task_hosts=dict(self._srun_tasks) if srun_tasks_are_ranks else {},
             progress=self._progress(),
         )

@@ -315,6 +315,9 @@ class CompressionSummary:
     # host's stream are that rank's (another node's lines may arrive in between).
     failure_boxes: list[tuple[int, int, int, str | None]] = field(default_factory=list)
     srun_task_hosts: dict[int, str] = field(default_factory=dict)  # srun's task -> node, when its tasks are ranks
+    # host -> NCCL's start-up word on its transport: "network" (IB, Socket...), "gdr" (Enabled/Disabled)
+    # -> (value, line number, the line): diagnose/degradations.py
+    nccl_setup: dict[str, dict[str, tuple[str, int, str]]] = field(default_factory=dict)
     progress: ProgressSummary = field(default_factory=ProgressSummary)
     # The hosts a sender that may speak for them named (a node's own credential, a collector of the operator's);
     # None: every host the lines name (the reader's own files, senders that may speak for every host).
@@ -445,6 +448,17 @@ def rests_on_evidence(decided_by: str) -> bool:
     return decided_by in EVIDENCE_STAGES
 
 
+@dataclass(frozen=True, slots=True)
+class Degradation:
+    """Something the job's start-up says will make it slow (diagnose/degradations.py): advice, never an action."""
+
+    kind: str  # "network_fallback" | "gdr_disabled"
+    host: str
+    line_no: int
+    text: str
+    effect: str
+
+
 @dataclass(slots=True)
 class Diagnosis:
     status: str  # "failed" | "healthy" | "unknown" (neither shown) | "empty" (no log text at all)
@@ -463,3 +477,4 @@ class Diagnosis:
     stopped_first: StoppedFirst | None = None
     stage_ms: dict[str, float] = field(default_factory=dict)  # time spent in each diagnosis stage
     timeout: TimeoutVerdict | None = None  # why the job's collectives timed out, when they did
+    degradations: list[Degradation] = field(default_factory=list)  # what its start-up says will make it slow

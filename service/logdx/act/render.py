@@ -88,6 +88,8 @@ def render_text(report: Report, color: bool = False) -> str:
         for e in report.evidence:
             where = f"{e.line_no}:" if e.line_no is not None else "-"
             lines.append(f"  {paint(where, 'cyan')} {_clip(e.text)}  " + paint(f"[{e.source}]", "dim"))
+    for g in report.degradations:
+        lines.append(paint("slow: ", "yellow") + f"{g.host} (line {g.line_no}): {g.effect}")
     for note in report.notes:
         lines.append(paint(f"note: {note}", "dim"))
     c = report.compression

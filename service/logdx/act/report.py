@@ -110,6 +110,16 @@ class RecoveredItem(BaseModel):
     source: str
 
 
+class DegradationBlock(BaseModel):
+    """Something the job's start-up says will make it slow: advice, never an action."""
+
+    kind: Literal["network_fallback", "gdr_disabled"]
+    host: str
+    line_no: int
+    text: str
+    effect: str
+
+
 class TimeoutBlock(BaseModel):
     """Why the job's collectives timed out (diagnose/timeouts.py; the classes: taxonomy.yaml `timeout_classes`)."""
 
@@ -154,6 +164,9 @@ class Report(BaseModel):
     decided_by: str = Field("rules", description="the stage whose verdict stands: rules, catalog, or a learned stage "
                             "(retrieval, llm, fusion) that changed it; a learned stage's verdict never cordons")
     timeout: TimeoutBlock | None = Field(None, description="why the collectives timed out; null when none did")
+    degradations: list[DegradationBlock] = Field(
+        default_factory=list, description="what the job's start-up says will make it slow (a host on TCP sockets "
+        "while the others use InfiniBand, GPU Direct RDMA off on one host): advice, healthy jobs included")
 
 
 def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: dict[str, float]) -> Report:
@@ -181,7 +194,12 @@ def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: 
                                  source=r.source) for r in d.recovered[:_MAX_RECOVERED]],
         decided_by=d.decided_by,
         timeout=_timeout_block(d) if not healthy else None,
+        degradations=[DegradationBlock(kind=g.kind, host=g.host, line_no=g.line_no, text=_clip(g.text), effect=g.effect)
+                      for g in d.degradations[:_MAX_DEGRADATIONS]],
     )
+
+
+_MAX_DEGRADATIONS = 32
 
 
 def _timeout_block(d: Diagnosis) -> TimeoutBlock | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from logdx.diagnose.culprit import UNNAMED_CORDON_MIN_CONFIDENCE, blames_one_node
+from logdx.diagnose.degradations import degradations_of
 from logdx.diagnose.fusion import FusionResult, FusionWeights, fuse, needs_arbiter
 from logdx.diagnose.hangs import HANG_TYPES
 from logdx.diagnose.health import faults_after_the_end, health_of
@@ -80,6 +81,7 @@ class Diagnoser:
         stage_ms = {"rules": _ms_since(t0)}
         diagnosis = self._diagnose(outcome, summary, templates, exit_code, stage_ms)
         diagnosis.recovered = [_recovered(f) for f in outcome.recovered if not _inside_divergence(f, summary)]
+        diagnosis.degradations = degradations_of(summary)
         if diagnosis.status == "failed":
             diagnosis.stopped_first = first_stopped(summary)
         return diagnosis

@@ -1,0 +1,78 @@
+"""What a job's start-up says will make it slow (logdx/diagnose/degradations.py): a host whose NCCL fell back to
+TCP sockets while the others use InfiniBand, GPU Direct RDMA off on one host; never on a clean start-up, never
+an action; the same in the CLI and the service."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from api_server import Server
+from logdx.testing import diagnose_lines
+
+HOSTS = ("gpu-a100-011", "gpu-a100-012", "gpu-a100-013", "gpu-a100-014")
+PER_HOST = 4
+
+
+def startup(*, socket_on: tuple[str, ...] = (), gdr_off_on: tuple[str, ...] = (), fabric: str = "IB") -> list[str]:
+    """NCCL_DEBUG=INFO start-up of a 4-node x 4-GPU job as pdsh tees it: every rank's bootstrap, network and
+    GDR lines (NCCL 2.18's wording), in the order ranks print them, then the ring and some training."""
+    out = []
+    for local in range(PER_HOST):
+        for i, host in enumerate(HOSTS):
+            pid = 21400 + 100 * i + local
+            rank = i * PER_HOST + local
+            p = f"{host}:{pid}:{pid + 61} [{local}] NCCL INFO"
+            out.append(f"{host}:{pid}:{pid} [{local}] NCCL INFO Bootstrap : Using ib0:10.40.{i}.{10 + local}<0>")
+            if host in socket_on or fabric == "Socket":
+                out += [f"{p} NET/IB : No device found.", f"{p} NET/Socket : Using [0]eth0:10.50.{i}.{10 + local}<0>",
+                        f"{p} Using network Socket"]
+            else:
+                out += [f"{p} NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.40.{i}.{10 + local}<0>",
+                        f"{p} Using network IB",
+                        f"{p} NET/IB : GPU Direct RDMA {'Disabled' if host in gdr_off_on else 'Enabled'} for HCA 0 'mlx5_0'"]
+            out.append(f"{p} comm 0x55d0a8c0 rank {rank} nranks {PER_HOST * len(HOSTS)} cudaDev {local} busId "
+                       f"{('1b000', '3b000', '5d000', '8a000')[local]} commId 0x9f3c - Init COMPLETE")
+    for step in range(1, 40):
+        for i, host in enumerate(HOSTS):
+            out.append(f"{host}: [rank{i * PER_HOST}]: iteration {step:>5}/ 1000 | lm loss: {6 - step * 0.01:.4f} | "
+                       "elapsed time per iteration (ms): 1402.1")
+    return out
+
+
+def test_a_host_on_sockets_while_the_others_use_infiniband_is_named(engine) -> None:
+    report = diagnose_lines(engine, startup(socket_on=("gpu-a100-013",)), None)
+    assert [(g.kind, g.host) for g in report.degradations] == [("network_fallback", "gpu-a100-013")]
+    g = report.degradations[0]
+    assert g.text.endswith("NCCL INFO Using network Socket") and "IB" in g.effect
+    assert report.status != "failed" and report.action == "none"  # advice, never an action
+
+
+def test_gpu_direct_rdma_off_on_one_host_is_named(engine) -> None:
+    report = diagnose_lines(engine, startup(gdr_off_on=("gpu-a100-012",)), None)
+    assert [(g.kind, g.host) for g in report.degradations] == [("gdr_disabled", "gpu-a100-012")]
+
+
+@pytest.mark.parametrize("fabric", ["IB", "Socket"])
+def test_a_clean_start_up_says_nothing(engine, fabric: str) -> None:
+    # Every host on InfiniBand with GDR, or every host on sockets (a cluster that has nothing else): no host differs.
+    assert diagnose_lines(engine, startup(fabric=fabric), None).degradations == []
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = Server(tmp_path_factory.mktemp("degradations")).start()
+    yield srv
+    srv.stop()
+
+
+def test_the_service_names_it_in_a_job_uploaded_per_node(server: Server) -> None:
+    lines = startup(socket_on=("gpu-a100-014",))
+    with server.client() as c:
+        for host in HOSTS:  # one upload per node, as a shipper per node sends them
+            body = "".join(line + "\n" for line in lines if line.startswith(host)).encode()
+            assert c.post("/v1/jobs/slow-start/logs", content=body).status_code == 200
+        report = c.post("/v1/jobs/slow-start/end", json={"exit_code": 0}).json()
+    assert [(g["kind"], g["host"]) for g in report["degradations"]] == [("network_fallback", "gpu-a100-014")]
+    assert report["status"] == "healthy"
