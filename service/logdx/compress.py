@@ -322,6 +322,7 @@ class _Shape:
     ps_header: PsColumns | None = None  # a `ps` header: the rows after it are read by its columns (procs.py)
     ps_row: int = 0  # a `ps aux` row: 1, one in uninterruptible sleep (state D): 2
     collected: bool = False  # any of the three above: a line of what an operator collected from the nodes
+    work: bool = False  # no error word, no traceback, no dump: a line of the process's own work (timeouts.py)
 
 
 @dataclass(slots=True)
@@ -346,8 +347,7 @@ class _SourceState:
     ps: PsColumns | None = None  # the columns of the `ps` listing being printed
     # Its last line of its own work (no error word, outside a traceback or a dump) and that line's time: a rank
     # still printing while the others wait in a collective (diagnose/timeouts.py).
-    last_work_line: int = 0
-    last_work_ts: float | None = None
+    last_work: Record | None = None
 
 
 # Lines between a section's name and its dumps, or between its dumps ("4 in:", blanks, a markdown fence).
@@ -452,9 +452,8 @@ class Compressor:
             # The time the log reached, by line order: a max would let one mis-dated line (a stamp
             # without a year, an skewed host) stretch the log by months.
             self._last_ts = src.last_ts = ts
-        if shape.quiet and not (src.in_traceback or src.in_block or shape.block or shape.traceback):
-            src.last_work_line = line_no
-            src.last_work_ts = ts if ts is not None else src.last_work_ts
+        if shape.work and not (src.in_traceback or src.in_block):
+            src.last_work = rec
         signal = None
         if shape.progress is not None:
             signal = self._note_progress(rec, src, source_key, shape, encoded)
@@ -574,6 +573,7 @@ class Compressor:
         shape.quiet = 0 if error else 1
         shape.loss = b"loss" in key or b"Loss" in key
         shape.traceback = _TRACEBACK_START_BYTES in key
+        shape.work = bool(shape.quiet) and shape.block is None and not shape.traceback
         if shape.error:
             shape.stats.error_bearing = True
         self._shapes[key] = shape
@@ -1050,7 +1050,8 @@ class Compressor:
     def _progress(self) -> ProgressSummary:
         progress = self.timeline.summary({k: (s.last_line, s.last_ts) for k, s in self._sources.items()})
         progress.quiet = {k: s.quiet for k, s in self._sources.items()}
-        progress.last_work = {k: (s.last_work_line, s.last_work_ts) for k, s in self._sources.items() if s.last_work_line}
+        progress.last_work = {k: (w.line_no, w.ts if w.ts is not None else w.at) for k, s in self._sources.items()
+                              if (w := s.last_work) is not None}
         progress.job_quiet = self._quiet
         for s in progress.sources:  # a progress line rarely says its host; the rank's other lines do
             if s.host is None and s.rank is not None:
