@@ -90,6 +90,7 @@ class FT(StrEnum):
     NODE_FAILURE = "node_failure"
     CUDA_ERROR = "cuda_error"
     NETWORK_ERROR = "network_error"
+    CONNECTION_ERROR = "connection_error"
     NCCL_TIMEOUT = "nccl_timeout"
     STORAGE_ERROR = "storage_error"
     DISK_FULL = "disk_full"

@@ -56,7 +56,7 @@ _SIZES_MAY_DIFFER = ("ALLTOALL", "SEND", "RECV", "GATHER", "SCATTER")
 _WATCHDOG_RULES = frozenset({"nccl-watchdog-timeout", "nccl-watchdog-stuck", "desync-report-lagging-rank"})
 # The timeout verdicts a class may relabel: a watchdog's symptom, or a hang the rules inferred from one.
 _TIMEOUT_RULES = frozenset({"hang-silent-rank", "desync-report-lagging-rank", "hang-flight-recorder"})
-_NETWORK_TYPES = frozenset({FT.NETWORK_ERROR, "connection_error"})
+_NETWORK_TYPES = frozenset({FT.NETWORK_ERROR, FT.CONNECTION_ERROR})
 _GPU_TYPES = frozenset({FT.CUDA_ERROR})
 # A rank that printed its own work this long after the others' last step was not waiting with them.
 _MIN_GAP_S = 60.0

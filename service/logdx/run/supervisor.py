@@ -210,7 +210,7 @@ class Supervisor:
             where = f" (line {r.root_cause.line_no})" if r.root_cause else ""
             self.say(f"the job succeeded; its log also shows {_diag(r)}{where}: {r.explanation}")
         elif last is not None and last.trigger == "interrupted":
-            shown = last.report is not None and last.report.status == "failed" and last.report.failure_type != "cancelled"
+            shown = last.report is not None and last.report.status == "failed" and last.report.failure_type != FT.CANCELLED
             before = f"; before that its log showed {_diag(last.report)}" if shown and last.report else ""
             self.say(f"stopped by you ({last.trigger_detail}, passed on to the job){before}: no alert, no restart")
         elif last is not None and last.report is not None and last.report.status == "failed":
