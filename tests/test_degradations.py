@@ -15,7 +15,8 @@ HOSTS = ("gpu-a100-011", "gpu-a100-012", "gpu-a100-013", "gpu-a100-014")
 PER_HOST = 4
 
 
-def startup(*, socket_on: tuple[str, ...] = (), gdr_off_on: tuple[str, ...] = (), fabric: str = "IB") -> list[str]:
+def startup(*, socket_on: tuple[str, ...] = (), gdr_off_on: tuple[str, ...] = (), fabric: str = "IB",
+            p2p_off_on: tuple[str, ...] = ()) -> list[str]:
     """NCCL_DEBUG=INFO start-up of a 4-node x 4-GPU job as pdsh tees it: every rank's bootstrap, network and
     GDR lines (NCCL 2.18's wording), in the order ranks print them, then the ring and some training."""
     out = []
@@ -25,6 +26,8 @@ def startup(*, socket_on: tuple[str, ...] = (), gdr_off_on: tuple[str, ...] = ()
             rank = i * PER_HOST + local
             p = f"{host}:{pid}:{pid + 61} [{local}] NCCL INFO"
             out.append(f"{host}:{pid}:{pid} [{local}] NCCL INFO Bootstrap : Using ib0:10.40.{i}.{10 + local}<0>")
+            if host in p2p_off_on:
+                out.append(f"{host}:{pid}:{pid} [{local}] NCCL INFO NCCL_P2P_DISABLE set by environment to 1")
             if host in socket_on or fabric == "Socket":
                 out += [f"{p} NET/IB : No device found.", f"{p} NET/Socket : Using [0]eth0:10.50.{i}.{10 + local}<0>",
                         f"{p} Using network Socket"]
@@ -52,6 +55,13 @@ def test_a_host_on_sockets_while_the_others_use_infiniband_is_named(engine) -> N
 def test_gpu_direct_rdma_off_on_one_host_is_named(engine) -> None:
     report = diagnose_lines(engine, startup(gdr_off_on=("gpu-a100-012",)), None)
     assert [(g.kind, g.host) for g in report.degradations] == [("gdr_disabled", "gpu-a100-012")]
+
+
+def test_p2p_disabled_is_named_on_each_host_it_is_set_on(engine) -> None:
+    report = diagnose_lines(engine, startup(p2p_off_on=("gpu-a100-011", "gpu-a100-014")), None)
+    assert [(g.kind, g.host) for g in report.degradations] == [("p2p_disabled", "gpu-a100-011"),
+                                                                ("p2p_disabled", "gpu-a100-014")]
+    assert "NVLink" in report.degradations[0].effect
 
 
 @pytest.mark.parametrize("fabric", ["IB", "Socket"])

@@ -123,9 +123,10 @@ _MAX_ALLOCATION = 4096
 _MAX_BOXES = 4096
 _HOSTLIST_PART = re.compile(r"(?:[^,\[]|\[[^\]]*\])+")  # a comma inside brackets is a range's
 # NCCL's start-up lines on the transport: "NCCL INFO Using network IB" (and 2.19+'s "Assigned NET plugin Socket to
-# comm"), "NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0'".
+# comm"), "NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0'", "NCCL_P2P_DISABLE set by environment to 1".
 _NCCL_SETUP = re.compile(r"NCCL INFO (?:Using network (?P<net>\w+)|Assigned NET plugin (?P<net2>\w+) to comm"
-                         r"|.*GPU Direct RDMA (?P<gdr>Enabled|Disabled) for HCA)")
+                         r"|.*GPU Direct RDMA (?P<gdr>Enabled|Disabled) for HCA"
+                         r"|NCCL_P2P_DISABLE set by environment to (?P<p2p>[1-9]))")
 _NCCL_COMM = re.compile(r"NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nr?[Rr]anks \d+ cudaDev (\d+)(?: nvmlDev \d+)? busId ([0-9a-fA-F]+)")
 
 
@@ -386,7 +387,7 @@ class Compressor:
         # are not.
         self._box: tuple[_Origin, int, str | None] | None = None
         self._srun_tasks: dict[int, str] = {}  # srun's task -> node, from its error lines
-        # host -> what NCCL's start-up said of its transport: "network" / "gdr" -> (value, line, raw line)
+        # host -> what NCCL's start-up said of its transport: "network" / "gdr" / "p2p" -> (value, line, raw line)
         self._nccl_setup: dict[str, dict[str, tuple[str, int, str]]] = {}
         # (first line, last line, rank, host of the stream) of ranks' entries in that box
         self._boxes: list[tuple[int, int, int, str | None]] = []
@@ -663,8 +664,10 @@ class Compressor:
             seen = self._nccl_setup.setdefault(host, {})
             if net := m.group("net") or m.group("net2"):
                 seen.setdefault("network", (net, rec.line_no, rec.raw))
-            else:
+            elif m.group("gdr"):
                 seen.setdefault("gdr", (m.group("gdr"), rec.line_no, rec.raw))
+            else:
+                seen.setdefault("p2p", ("disabled", rec.line_no, rec.raw))
         return True
 
     def _note_named_rank_host(self, rec: Record) -> bool:

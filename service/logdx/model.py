@@ -316,8 +316,8 @@ class CompressionSummary:
     # host's stream are that rank's (another node's lines may arrive in between).
     failure_boxes: list[tuple[int, int, int, str | None]] = field(default_factory=list)
     srun_task_hosts: dict[int, str] = field(default_factory=dict)  # srun's task -> node, when its tasks are ranks
-    # host -> NCCL's start-up word on its transport: "network" (IB, Socket...), "gdr" (Enabled/Disabled)
-    # -> (value, line number, the line): diagnose/degradations.py
+    # host -> NCCL's start-up word on its transport: "network" (IB, Socket...), "gdr" (Enabled/Disabled), "p2p"
+    # (disabled) -> (value, line number, the line): diagnose/degradations.py
     nccl_setup: dict[str, dict[str, tuple[str, int, str]]] = field(default_factory=dict)
     progress: ProgressSummary = field(default_factory=ProgressSummary)
     # The hosts a sender that may speak for them named (a node's own credential, a collector of the operator's);
@@ -453,7 +453,7 @@ def rests_on_evidence(decided_by: str) -> bool:
 class Degradation:
     """Something the job's start-up says will make it slow (diagnose/degradations.py): advice, never an action."""
 
-    kind: str  # "network_fallback" | "gdr_disabled"
+    kind: str  # "network_fallback" | "gdr_disabled" | "p2p_disabled"
     host: str
     line_no: int
     text: str

@@ -89,7 +89,8 @@ def render_text(report: Report, color: bool = False) -> str:
             where = f"{e.line_no}:" if e.line_no is not None else "-"
             lines.append(f"  {paint(where, 'cyan')} {_clip(e.text)}  " + paint(f"[{e.source}]", "dim"))
     for g in report.degradations:
-        lines.append(paint("slow: ", "yellow") + f"{g.host} (line {g.line_no}): {g.effect}")
+        lines.append(paint("slow: ", "yellow") + f"{g.host or 'line'} {'(line ' if g.host else ''}{g.line_no}"
+                     f"{')' if g.host else ''}: {g.effect}")
     for note in report.notes:
         lines.append(paint(f"note: {note}", "dim"))
     c = report.compression

@@ -113,7 +113,7 @@ class RecoveredItem(BaseModel):
 class DegradationBlock(BaseModel):
     """Something the job's start-up says will make it slow: advice, never an action."""
 
-    kind: Literal["network_fallback", "gdr_disabled"]
+    kind: Literal["network_fallback", "gdr_disabled", "p2p_disabled"]
     host: str
     line_no: int
     text: str

@@ -6,9 +6,12 @@ action, in the report of a healthy job as of a failed one.
   without the RDMA device, NCCL_IB_DISABLE), and every collective runs at its sockets' speed.
 - `gdr_disabled`: GPU Direct RDMA disabled on a host (`GPU Direct RDMA Disabled for HCA 0 'mlx5_0'`) while other
   hosts have it enabled: its transfers go through host memory (nvidia-peermem not loaded).
+- `p2p_disabled`: `NCCL_P2P_DISABLE set by environment to 1` on a host: its GPUs talk to each other through host
+  memory instead of NVLink or PCIe peer-to-peer (a workaround that outlived its bug, or a wrong environment).
 
-Only a host that differs from the job's other hosts is named: a cluster whose every host runs on sockets says
-nothing here (it may have nothing else).
+For the transport, only a host that differs from the job's other hosts is named: a cluster whose every host runs
+on sockets says nothing here (it may have nothing else). P2P disabled is named wherever it is set: it is a choice
+someone made, and it costs the same on every host.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ _EFFECT = {
                         "device in the container, NCCL_IB_DISABLE, NCCL_NET)",
     "gdr_disabled": "GPU Direct RDMA is off on this host while the others have it: its transfers are staged through "
                     "host memory (load nvidia-peermem, check NCCL_NET_GDR_LEVEL)",
+    "p2p_disabled": "NCCL_P2P_DISABLE is set: this host's GPUs exchange data through host memory instead of NVLink or "
+                    "PCIe peer-to-peer (often several times slower within the node); unset it unless a known bug needs it",
 }
 
 
 def degradations_of(summary: CompressionSummary) -> list[Degradation]:
-    setup = {h: kinds for h, kinds in summary.nccl_setup.items() if h}
-    return _network_fallbacks(setup) + _gdr_disabled(setup)
+    named = {h: kinds for h, kinds in summary.nccl_setup.items() if h}  # to differ, a host must have a name
+    return _network_fallbacks(named) + _gdr_disabled(named) + _p2p_disabled(summary.nccl_setup)
 
 
 def _network_fallbacks(setup: dict[str, dict[str, tuple[str, int, str]]]) -> list[Degradation]:
@@ -47,3 +52,8 @@ def _gdr_disabled(setup: dict[str, dict[str, tuple[str, int, str]]]) -> list[Deg
         return []
     return [Degradation("gdr_disabled", host, line_no, raw, _EFFECT["gdr_disabled"])
             for host, (state, line_no, raw) in sorted(gdr.items()) if state == "Disabled"]
+
+
+def _p2p_disabled(setup: dict[str, dict[str, tuple[str, int, str]]]) -> list[Degradation]:
+    return [Degradation("p2p_disabled", host, kinds["p2p"][1], kinds["p2p"][2], _EFFECT["p2p_disabled"])
+            for host, kinds in sorted(setup.items()) if "p2p" in kinds]
