@@ -715,9 +715,15 @@ def _read_text(path: Path) -> str:
 # -- unknown names ---------------------------------------------------------------------------------
 
 
-def _nearest(name: str, valid: list[str]) -> str:
+def nearest_name(name: str, valid: list[str]) -> str | None:
+    """The valid name a misspelt one most likely meant (None: none is close)."""
     close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
-    return f" (did you mean {close[0]}?)" if close else ""
+    return close[0] if close else None
+
+
+def _nearest(name: str, valid: list[str]) -> str:
+    close = nearest_name(name, valid)
+    return f" (did you mean {close}?)" if close else ""
 
 
 def _section_model(annotation: Any) -> type[BaseModel] | None:

@@ -7,7 +7,6 @@ registers their commands: the imports go one way."""
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import sqlite3
 from collections.abc import Sequence
@@ -42,8 +41,10 @@ class Parser(argparse.ArgumentParser):
 
 
 def did_you_mean(value: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(value, valid, n=1, cutoff=0.5)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    from logdx.config import nearest_name
+
+    close = nearest_name(value, valid)
+    return f"; did you mean {close!r}?" if close else ""
 
 
 def failure_type_arg(value: str) -> str:

@@ -10,6 +10,7 @@ leaves the store alone (a log from another cluster, read for a look)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import sqlite3
 import sys
@@ -230,7 +231,8 @@ def diagnose_file(engine: Engine, path: str, fmt: str, exit_code: int | None = N
 
         interrupted = Interrupted()
         try:
-            with interrupted.on_sigint():
+            # Only a live stream is cut by Ctrl-C into a partial report; a file is read whole or not at all.
+            with interrupted.on_sigint() if name == "stdin" else contextlib.nullcontext():
                 diagnosed = _diagnose(engine, feed, exit_code, fr)
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
             raise InputError(f"{name}: truncated or corrupt gzip data ({e})") from None

@@ -111,8 +111,8 @@ class Diagnoser:
         if (catalog := self.catalog) is not None:
             self._consult("catalog", diagnosis, votes, lambda: catalog(ctx))
         # What a model reads is data, not instructions to it (untrusted.py).
-        learned_ctx, withheld = without_instructions(ctx)
-        if withheld and (self.retrieval is not None or self.llm is not None):
+        learned_ctx, withheld = without_instructions(ctx) if self.retrieval is not None or self.llm is not None else (ctx, 0)
+        if withheld:
             diagnosis.notes.append(f"{withheld} line(s) shaped as instructions to a model were withheld from "
                                    "retrieval and the LLM")
         if self.retrieval is not None:
