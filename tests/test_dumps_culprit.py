@@ -293,3 +293,43 @@ def test_pipeline_stages_in_different_collectives_are_no_desync(engine: Engine) 
         lines += [f"==> trace-{h}.out <=="] + block
     report = diagnose_lines(engine, lines, exit_code=None)
     assert report.failure_type == "hang" and report.culprits.ranks == []
+
+
+# -- an operator's session on the hung job's nodes ------------------------------------------------------------
+
+def debugging_session(stuck_host: str, *, tool_fails: bool = True) -> list[str]:
+    """The hung job's own prints (pids only), srun naming the nodes of the job it ran the dumps on (its tasks are
+    not the job's ranks: one per node), one dump pasted, then the operator logs into a node and tries again: py-spy
+    cannot attach, `ps` shows one worker in D state while its peers run."""
+    pid0 = 41200
+    out = [f"PID {pid0 + r % PER_NODE}:  {'Before' if r % 3 else 'After'} sync_gradients in _do_batch"
+           for r in range(2 * PER_NODE)]
+    out += ["srun --overlap --jobid=88123 --nodes=2 --tasks-per-node=1 --output=trace-%N.out bash -c 'py-spy dump --pid $(pgrep -o python)'",
+            "srun: launch/slurm: _step_signal: Terminating StepId=88123.4"]
+    out += [f"srun: error: {h}: task {i}: Terminated" for i, h in enumerate(HOSTS)]
+    out += ["srun: Force Terminated StepId=88123.4", f'Thread {pid0 + 1} (active): "MainThread"',
+            "    barrier (torch/distributed/distributed_c10d.py:2784)",
+            "    wait_for_everyone (accelerate/utils/other.py:81)", f"ssh {stuck_host}",
+            f"py-spy dump --pid {pid0}"]
+    if tool_fails:
+        out += ["Error: Failed to suspend process", "Reason: EPERM: Operation not permitted"]
+    out += ["ps auxc | grep python", "USER         PID %CPU %MEM    VSZ   RSS TTY      STAT START   TIME COMMAND"]
+    out += [f"trainer   {pid0 + local}  88.{local}  4.4 17508566232 23526964 ? {'Dl' if local == 0 else 'Rl'}  00:36 "
+            f"217:5{local} python" for local in range(PER_NODE)]
+    return out
+
+
+@pytest.mark.parametrize("stuck_host", HOSTS)
+def test_the_node_an_operator_logged_into_names_its_stuck_process(engine: Engine, stuck_host: str) -> None:
+    """`ssh NODE` heads the output of the commands run on that node: the process `ps` shows in D state there,
+    while the job hangs in a collective, names that node (srun named it as one of the job's); py-spy failing to
+    attach is the tool's complaint, not the job's error."""
+    report = diagnose_lines(engine, debugging_session(stuck_host), exit_code=None)
+    assert (report.status, report.failure_type, report.culprits.hosts) == ("failed", "hang", [stuck_host])
+    assert "Failed to suspend" not in report.root_cause.text
+    assert report.action == "restart"  # one signal (a ps snapshot): the node is named, not cordoned
+
+
+def test_an_ssh_to_a_node_the_job_never_ran_on_names_no_host(engine: Engine) -> None:
+    report = diagnose_lines(engine, debugging_session("login-node-7"), exit_code=None)
+    assert report.failure_type == "hang" and report.culprits.hosts == []

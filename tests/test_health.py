@@ -199,3 +199,24 @@ def test_an_unknown_report_acts_on_nothing_and_says_so(engine: Engine) -> None:
     restart, why = restart_decision(attempt, RunOptions(command=["train.py"], job_id="j"), ActionsSettings())
     assert not restart and "restart-on" in why
     assert "unknown" in history_table([attempt]).splitlines()[1]
+
+
+def megatron(it: int, loss: float) -> str:
+    return (f" iteration {it:>8}/  159576 | consumed samples: {it * 96:>12} | elapsed time per iteration (ms): 18706.1 "
+            f"| learning rate: 6.000E-05 | global batch size:    96 | lm loss: {loss:.6E} | loss scale: 2048.0 | "
+            "grad norm: 98258.265 | number of skipped iterations:   0 | number of nan iterations:   0 |")
+
+
+@pytest.mark.parametrize("last", [7.4, 8.3])
+def test_a_loss_blow_up_in_a_course_too_short_to_judge_shows_no_health(engine: Engine, last: float) -> None:
+    """A few logging intervals pasted: the loss jumps half as high again and has not come back when the log ends.
+    Three points cannot tell a spike it got over from a divergence: neither health nor a fault is shown."""
+    report = diagnose_lines(engine, [megatron(7000, 6.44), megatron(7010, 11.42), megatron(7020, last)], exit_code=None)
+    assert report.status == "unknown"
+    assert "loss jumped from 6.44 to 11.4" in report.explanation
+
+
+@pytest.mark.parametrize("losses", [(6.44, 11.42, 6.41), (6.44, 6.9, 6.2, 6.6), (9.8, 7.1, 6.4, 6.45)])
+def test_a_short_loss_course_back_on_its_level_or_only_wobbling_shows_health(engine: Engine, losses: tuple[float, ...]) -> None:
+    report = diagnose_lines(engine, [megatron(7000 + 10 * i, v) for i, v in enumerate(losses)], exit_code=None)
+    assert report.status == "healthy"

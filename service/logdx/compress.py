@@ -1042,6 +1042,7 @@ class Compressor:
             failure_boxes=list(self._boxes),
             nccl_setup={h: dict(kinds) for h, kinds in self._nccl_setup.items()},
             srun_task_hosts=dict(self._srun_tasks) if srun_tasks_are_ranks else {},
+            launcher_hosts=sorted(set(self._srun_tasks.values())),
             progress=self._progress(),
         )
 

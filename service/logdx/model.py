@@ -316,6 +316,7 @@ class CompressionSummary:
     # host's stream are that rank's (another node's lines may arrive in between).
     failure_boxes: list[tuple[int, int, int, str | None]] = field(default_factory=list)
     srun_task_hosts: dict[int, str] = field(default_factory=dict)  # srun's task -> node, when its tasks are ranks
+    launcher_hosts: list[str] = field(default_factory=list)  # the nodes srun's errors name, ranks or not: the job's
     # host -> NCCL's start-up word on its transport: "network" (IB, Socket...), "gdr" (Enabled/Disabled), "p2p"
     # (disabled) -> (value, line number, the line): diagnose/degradations.py
     nccl_setup: dict[str, dict[str, tuple[str, int, str]]] = field(default_factory=dict)

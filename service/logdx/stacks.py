@@ -42,11 +42,13 @@ _STARTS = ("Process ", "Thread ", "Current thread ", "Stack (most recent call fi
 
 # A collection of dumps of a job says whose they are in a line of its own before each node's: `tail`/`head` of
 # the per-node files (``==> trace-gpu-node-12.out <==``), a file or host name echoed alone (``trace-node12``,
-# ``gpu-node-12:``, ``### gpu-node-12``), or a note's heading (``Node 48:``). What it names is only a name here:
+# ``gpu-node-12:``, ``### gpu-node-12``), a note's heading (``Node 48:``), or the command that logged into the node
+# whose output follows (``ssh gpu-node-12``, ``$ ssh -t user@gpu-node-12``). What it names is only a name here:
 # the diagnosis matches it to the job's own hosts (diagnose/culprit.py).
 _SECTION_FILES = re.compile(r"^==> (?P<name>\S(?:.*\S)?) <==$")
 _SECTION_WORD = re.compile(r"^(?:#{1,6} |[-=*]{3,} ?)?(?P<name>[A-Za-z][\w.-]{0,252}?)(?: ?[-=*]{3,})?:?$")
 _SECTION_NODE = re.compile(r"^(?:#{1,6} )?(?P<name>(?:[Nn]ode|NODE|[Hh]ost|HOST) ?#?\d{1,6}):?$")
+_SECTION_SSH = re.compile(r"^(?:\$ )?ssh(?: -[A-Za-z46]+)* (?:[\w.-]+@)?(?P<name>[A-Za-z][\w.-]{0,252})$")
 _SECTION_MAX = 300
 
 
@@ -61,6 +63,8 @@ def section_name(text: str) -> str | None:
         m = _SECTION_FILES.match(s)
     elif " " not in s.strip("#-=* "):
         m = _SECTION_WORD.match(s)
+    elif s.startswith(("ssh ", "$ ssh ")):
+        m = _SECTION_SSH.match(s)
     elif s[0] in "#NnHh":
         m = _SECTION_NODE.match(s)
     else:

@@ -202,7 +202,8 @@ def _from_section(event: Event, summary: CompressionSummary) -> tuple[str | None
 def _job_host_named(name: str, summary: CompressionSummary) -> str | None:
     """The one job host a header names: the host itself, a file name that holds it (trace-node12.out), or a
     note's "Node 48" when exactly one of the job's hosts is numbered 48."""
-    known = set(summary.hosts) | set(summary.allocated_hosts) | set(summary.rank_hosts.values())
+    known = (set(summary.hosts) | set(summary.allocated_hosts) | set(summary.rank_hosts.values())
+             | set(summary.launcher_hosts))
     host = clean_hostname(name)
     if host is not None and host in known:
         return host

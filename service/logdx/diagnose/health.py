@@ -19,6 +19,7 @@ for the others, the node's kernel lines past the end. Only the job's own last wo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,7 +36,8 @@ from logdx.model import FT, CompressionSummary, Event, EventKind, ProgressSummar
 from logdx.patterns import mask
 from logdx.taxonomy import is_hardware, is_resubmit
 
-__all__ = ["Health", "RunEnd", "after_the_end", "fails_after_the_end", "faults_after_the_end", "health_of", "run_end"]
+__all__ = ["Health", "RunEnd", "after_the_end", "fails_after_the_end", "faults_after_the_end", "health_of", "run_end",
+           "unsettled_loss_jump"]
 
 # How sure a healthy verdict is, by what showed it: the run's own end, or the job's exit code, is
 # stronger than training that merely went on past its errors (the log may stop short of its end).
@@ -110,6 +112,12 @@ def health_of(summary: CompressionSummary, unexplained: Sequence[Event], exit_co
     if progress.job_advances < MIN_ADVANCES:
         what = "no training progress" if progress.lines == 0 else "too little training progress to judge by"
         return _unknown(f"the log shows {what}, no end of the run, and no exit code")
+    jump = unsettled_loss_jump(progress.loss)
+    if jump is not None:
+        at, before, peak, now = jump
+        return _unknown(f"the loss jumped from {before:.4g} to {peak:.4g} at step {at:.0f} and was still at "
+                        f"{now:.4g} when the log ends; too few loss points to tell a passing "
+                        "spike from a divergence, and the log shows no end of the run and no exit code")
     stuck = _not_gone_past(unexplained, summary)
     if stuck:
         last = max(stuck, key=lambda e: e.line_no)
@@ -117,6 +125,34 @@ def health_of(summary: CompressionSummary, unexplained: Sequence[Event], exit_co
                         "log shows no end of the run and no exit code")
     return Health(True, _CONFIDENCE_WENT_ON,
                   "No failure found: training went on after everything the log reports, to the end of the log.")
+
+
+# A course of fewer loss points than this is too short for the timeline's divergence watch to know the
+# loss's usual wobble (its first jump is its only measure of it), so a blow-up that fell back part of the
+# way reads to it as noise. Health must then be shown another way.
+_SHORT_COURSE = 10
+_WARM_UP_STEP = 50  # the first steps jump about (as the timeline's watch): no blow-up there
+_BACK_ON_COURSE = 1.05  # within 5% of the loss before the jump: back on its course
+
+
+def unsettled_loss_jump(loss: Sequence[tuple[float, float]]) -> tuple[float, float, float, float] | None:
+    """In a loss course too short to judge by its wobble: a point half as high again as every loss before it
+    (6.4 -> 11.4), after warm-up, with the last point still above where the loss was before it. Returns
+    (step, loss before, peak, last loss)."""
+    points = [(s, v) for s, v in loss if math.isfinite(v)]
+    if not 3 <= len(points) < _SHORT_COURSE:
+        return None
+    low = points[0][1]
+    for i in range(1, len(points)):
+        step, value = points[i]
+        if step >= _WARM_UP_STEP and value > 1.5 * low + 0.3:
+            last = points[-1][1]
+            if last > _BACK_ON_COURSE * low:
+                peak = max(v for _, v in points[i:])
+                return step, low, peak, last
+            return None
+        low = min(low, value)
+    return None
 
 
 def faults_after_the_end(after: Sequence[tuple[Event, RuleHit]], progress: ProgressSummary, limit: int = 3) -> list[str]:
