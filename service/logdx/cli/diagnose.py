@@ -76,6 +76,9 @@ def add_diagnose_args(p: argparse.ArgumentParser) -> None:
                         "neither a failure nor health (no end of the run, no training past its errors) is unknown")
     p.add_argument("--job-id", metavar="ID",
                    help="the job's name in the node history (logdx nodes); default: the log's path")
+    p.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
+                   help="how far the input has been read, on stderr: auto (on a terminal, for inputs read in more "
+                        "than 2 s), always (a line a second and one at the end), never")
     p.add_argument("--no-store", action="store_true",
                    help="store neither the report nor the nodes it names (feedback on it is then impossible)")
     add_engine_args(p)
@@ -95,9 +98,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     several = len(logs) > 1 or Path(logs[0]).is_dir()
     try:
         if several:
-            diagnosed = diagnose_files(engine, collect(logs, settings.input), args.format, args.exit_code, fr)
+            diagnosed = diagnose_files(engine, collect(logs, settings.input), args.format, args.exit_code, fr,
+                                       args.progress)
         else:
-            diagnosed = diagnose_file(engine, logs[0], args.format, args.exit_code, fr)
+            diagnosed = diagnose_file(engine, logs[0], args.format, args.exit_code, fr, args.progress)
     except (InputError, FormatError) as e:
         raise UsageError(str(e)) from None
     report = diagnosed.report
@@ -150,18 +154,40 @@ def _flight_recorder(path: str) -> FrFindings:
         raise UsageError(f"--fr-dumps: {e}") from None
 
 
+@dataclass(slots=True)
+class Watch:
+    """What stderr's progress line reads while an input is fed (cli/progress.py)."""
+
+    name: str
+    mode: str = "never"
+    position: Callable[[], tuple[int, int] | None] | None = None
+
+
 def _diagnose(engine: Engine, feed: Callable[[Session], dict[str, int]], exit_code: int | None,
-              fr: FrFindings | None = None) -> Diagnosed:
+              fr: FrFindings | None = None, watch: Watch | None = None) -> Diagnosed:
     """Feed a session (`feed` returns what it refused, by reason), then diagnose it (`exit_code`: how
-    the job ended, when known; `fr`: its flight-recorder findings)."""
+    the job ended, when known; `fr`: its flight-recorder findings; `watch`: progress on stderr)."""
+    from logdx.cli.progress import Progress
+
     session = engine.new_session()
-    refused = feed(session)
+    watch = watch or Watch("")
+    with Progress(watch.name, lambda: session.lines, watch.position, mode=watch.mode):
+        refused = feed(session)
     if fr is not None:
         session.add_flight_recorder(fr)
     report = session.report(exit_code)
     if refused:
         report.notes.append("records without a line, skipped: " + ", ".join(f"{n} {r}" for r, n in sorted(refused.items())))
     return Diagnosed(report, session.last_context, sorted(session.summary().hosts), session.templates(), session)
+
+
+def _position_of(f: BinaryIO) -> Callable[[], tuple[int, int] | None] | None:
+    from logdx.cli.progress import file_position
+
+    try:
+        return file_position(f.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _meta(settings: Settings, source: Source | None = None) -> Meta:
@@ -204,7 +230,7 @@ def _year_of_input(path: str, fmt: str, max_line: int) -> tuple[int, int]:
 
 
 def diagnose_file(engine: Engine, path: str, fmt: str, exit_code: int | None = None,
-                  fr: FrFindings | None = None) -> Diagnosed:
+                  fr: FrFindings | None = None, progress: str = "never") -> Diagnosed:
     """One input: text goes the fast way, a shipper's format through `logdx.formats`, every record
     one job's (whatever job it names), records without a line noted in the report."""
     from logdx import formats
@@ -233,7 +259,7 @@ def diagnose_file(engine: Engine, path: str, fmt: str, exit_code: int | None = N
         try:
             # Only a live stream is cut by Ctrl-C into a partial report; a file is read whole or not at all.
             with interrupted.on_sigint() if name == "stdin" else contextlib.nullcontext():
-                diagnosed = _diagnose(engine, feed, exit_code, fr)
+                diagnosed = _diagnose(engine, feed, exit_code, fr, Watch(name, progress, _position_of(f)))
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
             raise InputError(f"{name}: truncated or corrupt gzip data ({e})") from None
         if interrupted.stopped:
@@ -245,7 +271,7 @@ def diagnose_file(engine: Engine, path: str, fmt: str, exit_code: int | None = N
 
 
 def diagnose_files(engine: Engine, files: list[LogFile], fmt: str, exit_code: int | None = None,
-                   fr: FrFindings | None = None) -> Diagnosed:
+                   fr: FrFindings | None = None, progress: str = "never") -> Diagnosed:
     """Several files as one job, merged in time order; a file found in a folder that is no log
     (binary data) is skipped with a note, a file named outright is an error."""
     from logdx.cli.inputs import LineMap, merged_lines, open_log, read_head, resolve_hosts, year_of
@@ -287,7 +313,7 @@ def diagnose_files(engine: Engine, files: list[LogFile], fmt: str, exit_code: in
             return refused
 
         try:
-            diagnosed = _diagnose(engine, feed, exit_code, fr)
+            diagnosed = _diagnose(engine, feed, exit_code, fr, Watch(f"{len(used)} files", progress))
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
             raise InputError(f"truncated or corrupt gzip data in one of the files ({e})") from None
         except FormatError as e:
