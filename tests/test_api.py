@@ -331,3 +331,25 @@ def test_openapi_describes_the_api(server: Server) -> None:
 
 
 
+
+
+def test_a_false_alarm_unlearns_the_reports_incident_and_is_refused_for_a_healthy_report(server: Server) -> None:
+    job, _ = _small_job()
+    text = "".join(line + "\n" for _, line, _ in _records(job)).encode()
+    with server.client() as c:
+        report = c.post("/v1/diagnose", content=text).json()
+        incident = c.post(f"/v1/reports/{report['id']}/feedback",
+                          json={"category": "infrastructure", "failure_type": "gpu_fell_off_bus"}).json()
+        r = c.post(f"/v1/reports/{report['id']}/false-alarm", json={"note": "the job had finished; a test GPU"})
+        assert r.status_code == 200, r.text
+        assert r.json()["removed_incident"] == incident["id"]
+        assert r.json()["was"] == f"{report['category']}/{report['failure_type']}"
+        assert c.get(f"/v1/incidents/{incident['id']}").status_code == 404
+        again = c.post(f"/v1/reports/{report['id']}/false-alarm", json={})
+        assert again.status_code == 200 and again.json()["removed_incident"] is None
+        healthy = c.post("/v1/diagnose", content="".join(
+            f"[rank0]: iteration {i:3d}/ 100 | lm loss: 2.3\n" for i in range(1, 51)).encode()).json()
+        refused = c.post(f"/v1/reports/{healthy['id']}/false-alarm", json={})
+        assert refused.status_code == 400 and "not failed" in refused.json()["error"]["message"]
+        assert c.post("/v1/reports/0123456789ab/false-alarm", json={}).status_code == 404
+        assert c.post(f"/v1/reports/{report['id']}/false-alarm", json={"category": "script"}).status_code == 422

@@ -245,6 +245,8 @@ API: dict[tuple[str, str], Check] = {
     ("post", "/v1/diagnose"): _write("post", "/v1/diagnose", **_XID_LOG),
     ("post", "/v1/reports/{report_id}/feedback"): _write(
         "post", "/v1/reports/{a_report}/feedback", json={"category": "script", "failure_type": "key_error"}),
+    ("post", "/v1/reports/{report_id}/false-alarm"): _write(
+        "post", "/v1/reports/{a_report}/false-alarm", json={"note": "the job was fine"}),
     ("post", "/v1/incidents"): _write("post", "/v1/incidents", json={
         "root_line": "x", "category": "script", "failure_type": "key_error"}),
     ("delete", "/v1/incidents/{incident_id}"): _write("delete", "/v1/incidents/{a_incident}"),
@@ -462,6 +464,7 @@ def test_every_mcp_tool_keeps_a_tenant_to_itself_and_marks_log_text(world: World
         "nodes": lambda c: refused(c, "nodes", {}),  # the cluster's
         "feedback": lambda c: refused(c, "feedback", {"report_id": ids["a_report"], "category": "script",
                                                        "failure_type": "key_error"}),  # a reader's token
+        "false_alarm": lambda c: refused(c, "false_alarm", {"report_id": ids["a_report"]}),  # a reader's token
         "act": lambda c: refused(c, "act", {"report_id": ids["a_report"], "job_id": "train-42"}),
         "uncordon": lambda c: refused(c, "uncordon", {"node": "node-07", "by": "me"}),
     }

@@ -305,3 +305,20 @@ def test_the_exit_code_when_known_reaches_the_diagnosis(tmp_path) -> None:
         status[code] = json.loads(out.stdout)["status"]
     assert status == {"0": "healthy", "1": "failed"}  # a log that says nothing, a job that died anyway
 
+
+
+@pytest.mark.integration
+def test_a_false_alarm_takes_the_reports_blame_off_the_nodes_history(tmp_path) -> None:
+    folder = node_files(tmp_path, {"train-01": "node-01.log", "train-02": "node-02.log", "kernel-02": "node-02.dmesg"})
+    data = tmp_path / "data"
+    out = logdx("diagnose", str(folder), "--json", "--job-id", "llama-run-8", *RULES_ONLY, data_dir=data)
+    report_id = json.loads(out.stdout)["id"]
+    assert json.loads(logdx("nodes", "show", "node-02", data_dir=data).stdout)["events"] == 1
+    both = logdx("feedback", report_id, "--false-alarm", "--category", "infrastructure", data_dir=data)
+    assert both.returncode == 2 and len(both.stderr.strip().splitlines()) == 1
+    neither = logdx("feedback", report_id, data_dir=data)
+    assert neither.returncode == 2 and "--false-alarm" in neither.stderr
+    fb = logdx("feedback", report_id, "--false-alarm", "--note", "the node was being burned in", data_dir=data)
+    assert fb.returncode == 0, fb.stderr
+    assert "false alarm" in fb.stdout and "node-02" in fb.stdout
+    assert json.loads(logdx("nodes", "show", "node-02", data_dir=data).stdout)["events"] == 0

@@ -28,7 +28,7 @@ from logdx.incidents import IncidentStore
 from logdx.store import open_db
 
 READ_TOOLS = {"diagnose", "report", "evidence", "templates", "nodes", "search_incidents", "jobs"}
-ACTION_TOOLS = {"feedback", "act", "uncordon"}
+ACTION_TOOLS = {"feedback", "false_alarm", "act", "uncordon"}
 
 
 def env_for(data_dir: Path, **extra: str) -> dict[str, str]:
@@ -211,8 +211,9 @@ def test_over_http_with_the_operator_token_and_actions_behind_the_policy(tmp_pat
                 learned = (await client.call_tool("feedback", {
                     "report_id": report["id"], "category": "infrastructure", "failure_type": "gpu_fell_off_bus",
                     "note": "GPU reseated"})).structured_content
+                unlearned = (await client.call_tool("false_alarm", {"report_id": report["id"]})).structured_content
                 return {"names": names, "report": report, "outside": outside, "acted": acted, "nodes": nodes,
-                        "learned": learned}
+                        "learned": learned, "unlearned": unlearned}
 
         got = run(session())
     finally:
@@ -229,6 +230,8 @@ def test_over_http_with_the_operator_token_and_actions_behind_the_policy(tmp_pat
         ("cordon", pdsh_truth["culprit_hosts"][0], "skipped")]
     assert [n["node"] for n in got["nodes"]["nodes"]] == pdsh_truth["culprit_hosts"]
     assert got["learned"]["source"] == "feedback" and got["learned"]["report_id"] == report["id"]
+    assert got["unlearned"]["removed_incident"] == got["learned"]["id"]
+    assert got["unlearned"]["withdrawn_from"] == pdsh_truth["culprit_hosts"]
 
 
 @pytest.mark.integration

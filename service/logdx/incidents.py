@@ -555,6 +555,30 @@ class IncidentStore:
             conn.execute("UPDATE reports SET feedback = ? WHERE id = ?", (json.dumps(fb), report_id))
         return inc
 
+    def false_alarm(self, report_id: str, note: str | None = None, *, by_tenant: str = "") -> dict[str, Any]:
+        """A person established that the job of a failed report did not fail (a false alarm): the report's
+        feedback says so, and an incident learned from an earlier correction of it is removed. No incident is
+        learned from it: a "healthy" incident would let retrieval call the next real failure of that shape
+        healthy (a learned stage never decides health)."""
+        rows = self.db.query("SELECT report FROM reports WHERE id = ?", (report_id,))
+        if not rows:
+            raise IncidentError(f"no report {report_id!r}")
+        report = json.loads(rows[0]["report"])
+        if report.get("status") != "failed":
+            raise IncidentError(f"report {report_id} is {report.get('status')}, not failed: there is no alarm to call false")
+        existing = self.db.query("SELECT id, tenant FROM incidents WHERE report_id = ?", (report_id,))
+        if existing and by_tenant and not existing[0]["tenant"]:
+            raise SharedIncident(f"the incident learned from report {report_id} ({existing[0]['id']}) is shared with "
+                                 "every tenant: a cluster-wide operator changes it")
+        fb = {"verdict": "false alarm", "was": f"{report.get('category')}/{report.get('failure_type')}",
+              "note": (note or "").strip(), "removed_incident": existing[0]["id"] if existing else None,
+              "at": time.time()}
+        with self.db.transaction() as conn:
+            if existing:
+                conn.execute("DELETE FROM incidents WHERE id = ?", (existing[0]["id"],))
+            conn.execute("UPDATE reports SET feedback = ? WHERE id = ?", (json.dumps(fb), report_id))
+        return fb
+
     # -- internals ------------------------------------------------------------------------------
 
     # builtins.list: in this class `list` names the method above.

@@ -211,6 +211,13 @@ class NodeBook:
         )
         return cur.rowcount > 0
 
+    def withdraw(self, report_id: str) -> list[str]:
+        """A report found to be a false alarm blames nobody: its events leave the nodes' history (what
+        `actions.escalate` counts). Returns the nodes it had blamed."""
+        rows = self.db.query("SELECT DISTINCT node FROM node_events WHERE report_id = ? ORDER BY node", (report_id,))
+        self.db.execute("DELETE FROM node_events WHERE report_id = ?", (report_id,))
+        return [str(r["node"]) for r in rows]
+
     def record_diagnosis(self, job_id: str, report: Report, targets: Sequence[NodeName]) -> tuple[str, str] | None:
         """Per-node history of infrastructure failures and of GPU Xids (an application-class Xid such
         as 13 is the job's bug once, the GPU's when it keeps coming back), for the nodes `targets`

@@ -35,7 +35,7 @@ from logdx.agent.tools import (
     ToolFailure,
 )
 from logdx.api.nodes import ActionOut
-from logdx.api.schemas import IncidentOut
+from logdx.api.schemas import FalseAlarmOut, IncidentOut
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
@@ -199,6 +199,18 @@ def _add_action_tools(server: MCPServer, toolbox: Toolbox) -> None:
         similar failure (the report's tenant's incident). Only for what a person has established."""
         return _call(toolbox.feedback, ctx, report_id=report_id, category=category, failure_type=failure_type,
                      action=action, note=note)
+
+    @_tool(server, annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True),
+           title="Record a false alarm")
+    def false_alarm(
+        report_id: str,
+        note: Annotated[str | None, Field(description="how it was established, for the next on-call")] = None,
+        ctx: Context | None = None,
+    ) -> FalseAlarmOut:
+        """The job of a failed report did not fail: the report is marked so, the nodes it blamed are no longer
+        charged with it, and an incident an earlier correction taught is removed. Only for what a person has
+        established."""
+        return _call(toolbox.false_alarm, ctx, report_id=report_id, note=note)
 
     @_tool(server, annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True),
            title="Act on a report (cordon / restart per policy)")

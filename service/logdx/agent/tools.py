@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field
 
 from logdx.act.report import EvidenceItem, Report, RootCause
 from logdx.api.nodes import ActionOut, NodeOut
-from logdx.api.schemas import INCIDENT_UNTRUSTED, IncidentOut, JobItem, TemplateItem, untrusted
+from logdx.api.schemas import INCIDENT_UNTRUSTED, FalseAlarmOut, IncidentOut, JobItem, TemplateItem, untrusted
 
 if TYPE_CHECKING:
     from logdx.cli.diagnose import Diagnosed
@@ -437,6 +437,24 @@ class Toolbox:
         except IncidentError as e:
             raise ToolFailure(str(e)) from None
         return IncidentOut.model_validate(inc.to_json())
+
+    def false_alarm(self, report_id: str, note: str | None = None, caller: Caller | None = None) -> FalseAlarmOut:
+        """A person established that the job of a failed report did not fail: `logdx.act.feedback`."""
+        from logdx.act.feedback import record_false_alarm
+        from logdx.incidents import IncidentError
+
+        caller = caller or self.local_caller()
+        self._need_actions(caller)
+        store = self.store()
+        whose = store.report_tenant(report_id)
+        if whose is None or (caller.tenant and whose != caller.tenant):
+            raise ToolFailure(f"no stored report {report_id!r}")
+        try:
+            done = record_false_alarm(store, self.settings.actions, report_id, note, by_tenant=caller.tenant)
+        except IncidentError as e:
+            raise ToolFailure(str(e)) from None
+        return FalseAlarmOut(report_id=done.report_id, was=done.was, withdrawn_from=done.withdrawn_from,
+                             removed_incident=done.removed_incident)
 
     def act(self, report_id: str, job_id: str, caller: Caller | None = None) -> ActionsDone:
         """Cordon / restart as the policy allows for a stored report, and alert: `logdx.act`, as the service does."""

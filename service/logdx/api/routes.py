@@ -160,6 +160,28 @@ def feedback(report_id: str, body: schemas.FeedbackRequest, services: ServicesDe
     return incident.to_json()
 
 
+@api.post("/reports/{report_id}/false-alarm", response_model=schemas.FalseAlarmOut, tags=["reports"],
+          summary="The job of a failed report did not fail: mark it, and charge no node with it (operator)",
+          description="The report's feedback says `false alarm`; the nodes it blamed no longer count it (their "
+                      "history, what `actions.escalate` reads); an incident learned from an earlier correction of "
+                      "it is removed. Nothing is learned from it: a 'healthy' incident could silence the next real "
+                      "failure of the same shape.")
+def false_alarm(report_id: str, body: schemas.FalseAlarmRequest, services: ServicesDep,
+                principal: Annotated[Principal, Depends(permit(OPERATE, "give feedback on reports"))]) -> dict[str, Any]:
+    from logdx.act.feedback import record_false_alarm
+
+    services.report_tenant_for(principal, _report_id(report_id))
+    try:
+        done = record_false_alarm(services.incidents, services.settings.actions, report_id, body.note,
+                                  by_tenant=principal.tenant)
+    except SharedIncident as e:
+        raise ApiError(403, "forbidden", str(e)) from None
+    except IncidentError as e:
+        raise ApiError(400, "invalid_feedback", str(e)) from None
+    return {"report_id": done.report_id, "was": done.was, "withdrawn_from": done.withdrawn_from,
+            "removed_incident": done.removed_incident}
+
+
 # --- incidents -------------------------------------------------------------------------------------
 
 

@@ -54,10 +54,13 @@ def add_incident_parsers(sub: argparse._SubParsersAction, parser_class: type[arg
     for p in (ls, show, add, rm, imp, exp):
         add_config_arg(p)
 
-    fb = sub.add_parser("feedback", help="confirm or correct a report: it becomes an incident")
+    fb = sub.add_parser("feedback", help="confirm or correct a report: it becomes an incident; or --false-alarm")
     fb.add_argument("report_id")
-    fb.add_argument("--category", required=True, choices=_CATEGORIES)
-    fb.add_argument("--failure-type", required=True, type=failure_type_arg)
+    fb.add_argument("--category", choices=_CATEGORIES)
+    fb.add_argument("--failure-type", type=failure_type_arg)
+    fb.add_argument("--false-alarm", action="store_true",
+                    help="the job did not fail: the report is marked so and the nodes it blamed are not charged "
+                         "with it (no incident is learned)")
     fb.add_argument("--action", choices=[a.value for a in LABEL_ACTIONS])
     fb.add_argument("--note")
     add_config_arg(fb)
@@ -126,10 +129,28 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def cmd_feedback(args: argparse.Namespace) -> int:
+    if args.false_alarm:
+        if args.category or args.failure_type or args.action:
+            raise UsageError("--false-alarm says the job did not fail: give it no --category, --failure-type or --action")
+        return _false_alarm(args)
+    if not (args.category and args.failure_type):
+        raise UsageError("feedback needs --category and --failure-type (what the failure was), or --false-alarm")
     try:
         inc = _store(args).feedback(args.report_id, args.category, args.failure_type, action=args.action,
                                     note=args.note)
     except IncidentError as e:
         raise UsageError(str(e)) from None
     print(f"{inc.id}: {inc.category.value}/{inc.failure_type} ({inc.action.value}) learned from report {args.report_id}")
+    return EXIT_OK
+
+
+def _false_alarm(args: argparse.Namespace) -> int:
+    from logdx.act.feedback import record_false_alarm
+
+    settings = settings_from(args)
+    try:
+        done = record_false_alarm(open_incidents(settings), settings.actions, args.report_id, args.note)
+    except IncidentError as e:
+        raise UsageError(str(e)) from None
+    print(done.describe())
     return EXIT_OK
