@@ -352,6 +352,11 @@ class ServerSettings(Section):
     max_request_cpu_s: float = Field(
         60.0, ge=0, description="CPU seconds one upload may cost (decode, parse, apply); past it 429 cpu_limit, "
         "with the lines applied so far; 0: no limit")
+    live_commit_s: float = Field(
+        2.0, ge=0, description="a live stream (a chunked body with no Content-Length and no Idempotency-Key, as "
+        "`... | curl -T - .../v1/jobs/ID/logs` sends) has what arrived applied every this many seconds, so a job "
+        "hours long is diagnosed while it runs; each such piece has its own max_request_bytes and max_request_cpu_s. "
+        "0: applied when the body ends, as any other upload")
     public_url: str = Field(
         "", description="the service's address as people reach it (https://logdx.example.com): alerts link the "
         "job page (<public_url>/jobs/<id>) and the report under it")
