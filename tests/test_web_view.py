@@ -190,3 +190,25 @@ def test_session_cookies_name_a_session_that_expires_and_ends_everywhere_at_sign
     assert refused(value, by=replica) == "unauthorized"  # ...refused by the others from then on
     assert replica.principal(second, now=1001.0) == alice  # alice's other session (another browser) lives on
     assert not cookies.revoke(value) and not cookies.revoke("forged")
+
+
+def test_a_job_read_from_per_host_files_has_a_progress_bar_on_every_host(engine: Engine, tmp_path) -> None:
+    """Issue 33: a folder of per-host files (`diagnose DIR --html`) names hosts, not ranks: each host's own
+    progress is its lane's row, with its bar and where it stopped."""
+    from logdx.cli.diagnose import diagnose_files
+    from logdx.cli.inputs import collect
+    from per_host_logs import CULPRIT, HOSTS, write_host_files
+
+    write_host_files(tmp_path / "job")
+    diagnosed = diagnose_files(engine, collect([str(tmp_path / "job")], engine.settings.input), "auto")
+    assert diagnosed.session is not None and diagnosed.report.culprits.hosts == [CULPRIT]
+    view = build_view("per-host", diagnosed.report, diagnosed.session)
+    lanes = {lane.host: lane for lane in view.lanes}
+    assert sorted(lanes) == sorted(HOSTS)
+    ends = {h: lane.progress.last_step for h, lane in lanes.items() if lane.progress and lane.progress.last_line}
+    assert sorted(ends) == sorted(HOSTS)
+    assert ends[CULPRIT] == 90 and all(ends[h] == 120 for h in HOSTS if h != CULPRIT)
+    html = render_job_page(view, Done(served=False), inline=True)
+    for host in HOSTS:
+        lane = re.search(rf'<details class="lane[^"]*" data-host="{host}".*?</details>', html, re.S)
+        assert lane is not None and lane.group(0).count('class="bar"') == 1, host

@@ -190,9 +190,10 @@ def _lane_rows(view: JobView) -> list[dict[str, Any]]:
     for lane in view.lanes:
         rows = [_rank_row(r, by_rank.get(r.rank, []) if r.rank is not None else [], view) for r in lane.ranks]
         host_events = by_host.get(lane.host, [])
-        lanes.append({"host": lane.host, "culprit": lane.culprit, "rows": rows,
-                      "host_events": [_marker(e, view) for e in host_events],
-                      "root": any(e.role == "root" for e in host_events) or any(r["root"] for r in rows)})
+        host_row = _rank_row(lane.progress or RankRow(rank=None), host_events, view) \
+            if host_events or lane.progress else None
+        lanes.append({"host": lane.host, "culprit": lane.culprit, "rows": rows, "host_row": host_row,
+                      "root": any(r["root"] for r in [*rows, *([host_row] if host_row else [])])})
     return lanes
 
 
