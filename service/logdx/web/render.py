@@ -160,12 +160,13 @@ def corroboration_words(view: JobView) -> str:
     if not blames_a_node:
         return ""
     hosts = ", ".join(c.hosts)
+    rests = f"the blame on {hosts} rests on {_plain(c.basis)}" if c.basis else f"{hosts} is blamed"
     if c.corroborated:
-        named = f" {hosts} is named by {_plain(c.basis)}." if c.basis else ""
-        return f"Corroborated:{named} A second signal agrees that {hosts} is at fault: the host printed the fault " \
-               "itself, or its rank stopped."
-    named = f"one signal only names {hosts}, {_plain(c.basis)}" if c.basis else f"one signal only names {hosts}"
-    return f"Not corroborated: {named}. logdx will not cordon on one signal alone."
+        return f"Corroborated: {rests}, and a second signal agrees: the host printed the fault itself, or its rank " \
+               "stopped."
+    rests = f"the blame on {hosts} rests on one signal only, {_plain(c.basis)}" if c.basis else \
+        f"one signal only blames {hosts}"
+    return f"Not corroborated: {rests}. logdx will not cordon on one signal alone."
 
 
 def _plain(basis: str) -> str:
