@@ -324,7 +324,9 @@ class JobManager:
         self.history.record(job.id, AttemptOutcome(None, (), progress, ok=True))
         if self.actor is not None:
             why = f"job {job.id} succeeded" + (f" (after {', '.join(earlier)} failed)" if earlier else "")
-            self.actor.submit(Effect(job.id, None, "", resolved=why, resolved_jobs=(*earlier, job.id)))
+            hosts, runtime_s = _healthy_nodes(job.session) if report.status == "healthy" else ((), 0.0)
+            self.actor.submit(Effect(job.id, None, "", resolved=why, resolved_jobs=(*earlier, job.id),
+                                     healthy=report if hosts else None, healthy_hosts=hosts, runtime_s=runtime_s))
 
     def reopen(self, job_id: str, session: Session, report: Report, what_changed: Callable[[Report | None], str]) -> bool:
         """An ended job diagnosed again (a late node event, api/nodestreams.py): stored and acted on like
@@ -479,3 +481,14 @@ class JobManager:
             "Drain templates across sessions in memory|logdx_templates": float(templates),
         }
 
+
+def _healthy_nodes(session: Session | None) -> tuple[tuple[str, ...], float]:
+    """The hosts a healthy job ran on that a sender who may speak for them named (a claim washes no node's
+    grade), and its runtime by its log's own timestamps (0 when they do not say)."""
+    if session is None:
+        return (), 0.0
+    summary = session.summary()
+    trusted = summary.trusted_hosts
+    hosts = tuple(sorted(h for h in summary.hosts if trusted is None or h in trusted))
+    first, last = summary.first_ts, summary.last_ts
+    return hosts, (last - first) if first is not None and last is not None and last > first else 0.0
