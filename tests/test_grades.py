@@ -337,3 +337,49 @@ def test_slurm_avoid_that_cannot_read_the_weight_is_a_failure_and_marks_nothing(
     [rec] = actions.apply("2", network("gpu-07", "2"))
     assert (rec.action, rec.outcome) == ("avoid", "failed") and "Unable to contact" in rec.detail
     assert actions.nodes.avoided(NodeName("gpu-07")) is None
+
+
+# -- the faces: logdx run credits a healthy attempt's nodes, logdx nodes shows the grades ---------------
+
+
+def test_logdx_run_credits_a_healthy_attempts_nodes_and_logdx_nodes_shows_grade_and_reason(tmp_path, scontrol):
+    import subprocess
+    import time
+
+    from logdx.store import open_db
+
+    train = os.path.join(os.path.dirname(__file__), "fixtures", "run", "train.py")
+    cfg = tmp_path / "logdx.yaml"
+    cfg.write_text(f"store: {{path: {tmp_path / 'logdx.db'}}}\n"
+                   "actions: {actuator: slurm, dry_run: false, cluster_size: 20, grades: {decay_s: 0.2}}\n")
+    settings = dict(actuator="slurm", dry_run=False, cluster_size=20, grades={"decay_s": 0.2})
+    db = open_db(tmp_path / "logdx.db")
+    actions = Actions(db, ActionsSettings(**settings))
+    actions.apply("old-1", network("gpu-node-03", "old-1"))
+    [avoid] = actions.apply("old-2", network("gpu-node-03", "old-2"))
+    db.close()
+    assert avoid.outcome == "ok" and scontrol()[-1] == ["update", "NodeName=gpu-node-03", "Weight=1000000"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOGDX_")}
+    env.update({"LOGDX_DATA_DIR": str(tmp_path), "NO_COLOR": "1"})
+
+    def logdx(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "logdx", *args], capture_output=True, text=True, timeout=timeout,
+                              env=env)
+
+    listed = logdx("nodes", "--config", str(cfg))
+    assert listed.returncode == 0, listed.stderr
+    assert "avoid (avoided)" in listed.stdout
+    assert "gpu-node-03: avoid: blamed 2 times for network" in listed.stdout and "nccl_error in job old-1" in listed.stdout
+    assert "drops to suspect after" in listed.stdout
+    time.sleep(0.1)  # the healthy attempt ends after the blames
+    r = logdx("run", "--config", str(cfg), "--no-llm", "--no-retrieval", "--job-id", "good-1", "--", sys.executable,
+              train, "--mode", "ok", "--steps", "30", "--state", str(tmp_path / "state"), timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert "unavoid gpu-node-03: ok" in r.stderr
+    assert scontrol()[-1] == ["update", "NodeName=gpu-node-03", "Weight=7"]
+    shown = json.loads(logdx("nodes", "show", "gpu-node-03", "--config", str(cfg)).stdout)
+    assert shown["avoided"] is False and shown["grade"]["grade"] == "ok"
+    assert [b["job_id"] for b in shown["grade"]["forgiven"]] == ["old-1", "old-2"]
+    listed = logdx("nodes", "--json", "--config", str(cfg))
+    grades = {n["node"]: n["grade"]["grade"] for n in json.loads(listed.stdout)}
+    assert grades["gpu-node-03"] == "ok" and grades["gpu-node-01"] == "ok"  # credited, never blamed
