@@ -383,3 +383,79 @@ def test_logdx_run_credits_a_healthy_attempts_nodes_and_logdx_nodes_shows_grade_
     listed = logdx("nodes", "--json", "--config", str(cfg))
     grades = {n["node"]: n["grade"]["grade"] for n in json.loads(listed.stdout)}
     assert grades["gpu-node-03"] == "ok" and grades["gpu-node-01"] == "ok"  # credited, never blamed
+
+
+# -- logdx serve: GET /v1/nodes, and a healthy job's log earning its node's decay -------------------------
+
+
+def _stamped(t0: float, steps: int, ranks: int = 8) -> list[str]:
+    import time
+
+    return [f"[{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(t0 + s * 10))},000] [rank{r}]: iteration {s:6d}/ 100000"
+            " | lm loss: 2.5 |" for s in range(1, steps + 1) for r in range(ranks)]
+
+
+def _fabric_failure(t0: float, host: str) -> list[str]:
+    import time
+
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0 + 310))
+    return [*_stamped(t0, 30),
+            f"[{at},000] [rank3]: {host}:2231:2290 [3] NCCL WARN NET/IB : Got completion from peer 10.0.0.7<51234> "
+            "with status=12 opcode=0 len=0 vendor err 129 (Recv)",
+            "[rank3]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+            "ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.18.1"]
+
+
+@pytest.mark.integration
+def test_serve_grades_a_repeat_offender_shows_it_in_v1_nodes_and_a_healthy_log_lifts_the_avoid_taint(tmp_path, kube):
+    import time
+
+    from api_server import LoopbackApp
+    from logdx.config import Settings
+    from logdx.pipeline import Engine
+    from logdx.testing import wait_until
+
+    settings = Settings.model_validate({
+        "data_dir": str(tmp_path), "llm": {"enabled": False}, "retrieval": {"enabled": False},
+        "server": {"early_diagnosis_delay_s": 3600},
+        "actions": {"dry_run": False, "actuator": "kubernetes", "kubernetes": {"api": kube.url}, "cluster_size": 20,
+                    "grades": {"decay_s": 120}}})
+    t0 = time.time() - 3600
+    with LoopbackApp(settings, Engine.create(settings)) as app, httpx_client(app.url) as c:
+        def ship(job: str, lines: list[str], exit_code: int) -> None:
+            r = c.post(f"/v1/jobs/{job}/logs", content=("\n".join(lines) + "\n").encode(),
+                       headers={"x-logdx-host": "node-19"})
+            assert r.status_code == 200, r.text
+            assert c.post(f"/v1/jobs/{job}/end", json={"exit_code": exit_code}).status_code == 200
+
+        def audit(action: str) -> list[dict]:
+            """The audit rows of `action`, once none is still in progress."""
+            rows = [a for a in c.get("/v1/actions", params={"limit": 100}).json()["audit"] if a["action"] == action]
+            return [] if any(a["outcome"] == "pending" for a in rows) else rows
+
+        ship("net-1", _fabric_failure(t0, "node-19"), 1)
+        ship("net-2", _fabric_failure(t0 + 600, "node-19"), 1)
+        [avoid] = wait_until(lambda: audit("avoid") or None, "the avoid")
+        assert (avoid["node"], avoid["outcome"], avoid["job_id"]) == ("node-19", "ok", "net-2")
+        assert AVOID in kube.nodes["node-19"]["spec"]["taints"] and not kube.nodes["node-19"]["spec"].get("unschedulable")
+        [node] = c.get("/v1/nodes", params={"blamed_only": True}).json()["nodes"]
+        assert node["node"] == "node-19" and node["avoided"] is True
+        grade = node["grade"]
+        assert (grade["grade"], grade["family"], [b["job_id"] for b in grade["counted"]]) == \
+            ("avoid", "network", ["net-1", "net-2"])
+        assert grade["decay_due_s"] == 120 and "blamed 2 times for network" in grade["reason"]
+        assert c.get("/v1/nodes/node-19").json()["grade"]["grade"] == "avoid"
+        # A healthy job on the node, 290 s by its own stamps (decay_s 120: two steps): the taint goes.
+        ship("good-1", [*_stamped(t0 + 1200, 30), "[rank0]: [after training is done] datetime: 2024-06-03 10:05:00"], 0)
+        [lift] = wait_until(lambda: audit("unavoid") or None, "the unavoid")
+        assert (lift["node"], lift["outcome"], lift["job_id"]) == ("node-19", "ok", "good-1")
+        assert AVOID not in kube.nodes["node-19"]["spec"]["taints"]
+        node = c.get("/v1/nodes/node-19").json()
+        assert node["grade"]["grade"] == "ok" and node["avoided"] is False
+        assert [b["job_id"] for b in node["grade"]["forgiven"]] == ["net-1", "net-2"]
+
+
+def httpx_client(url: str):
+    import httpx
+
+    return httpx.Client(base_url=url, timeout=30)
