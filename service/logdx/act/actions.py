@@ -282,9 +282,10 @@ class Actions:
         if not grade:
             return None
         threshold = g.exclude_after if grade == "exclude" else g.avoid_after
-        jobs = ", ".join(dict.fromkeys(b.job_id for b in recent[-8:]))
-        reason = (f"graded {grade}: {node} blamed {n} times for {family} failures within {g.window_s:g} s "
-                  f"(actions.grades.{grade}_after: {threshold}), by job(s) {jobs}")
+        # The audit is on the job's page, which its tenant reads: other jobs are counted, not named (the node's
+        # history, `logdx nodes show`, names them for a cluster-wide reader).
+        reason = (f"graded {grade}: {node} blamed {n} times for {family} failures within {g.window_s:g} s, this job "
+                  f"and {n - 1} before it (actions.grades.{grade}_after: {threshold}; logdx nodes show {node})")
         return GradeStep(node, grade, family, reason)
 
     def _avoid(self, key: str, job_id: str, report: Report, step: GradeStep, escalated: str) -> ActionRecord | None:
