@@ -215,6 +215,10 @@ def test_different_families_or_blames_far_apart_stay_suspect_and_touch_nothing(d
     assert g.grade == "suspect" and len(g.live) == 3
     # A time limit blames no node, whatever it says.
     assert actions.apply("job-4", network("node-18", "job-4", failure_type="time_limit")) == []
+    # One report acted on under two job ids (`diagnose` stored it, an agent acts on it) is one blame.
+    once = network("node-17", "job-5")
+    assert actions.apply("job-5", once) == [] and actions.apply("agent:job-5", once) == []
+    assert actions.nodes.grade("node-17").grade == "suspect" and patched(kube, "node-17") == 0
 
 
 def test_a_grade_never_stands_in_for_confidence_evidence_or_trust(db, kube):

@@ -289,14 +289,11 @@ class Actions:
         return GradeStep(node, grade, family, reason)
 
     def _avoid(self, key: str, job_id: str, report: Report, step: GradeStep, escalated: str) -> ActionRecord | None:
-        """Mark the node for the scheduler to prefer others, as the policy allows; None when it is marked already."""
+        """Mark the node for the scheduler to prefer others, as the policy allows; None when it is marked already
+        or no actuator is configured."""
         node, actuator = step.node, self.actuator
-        if self.nodes.avoided(node) is not None:
-            return None
-        if actuator is None:
-            return self._audit(key, job_id, node, "avoid", NO_ACTUATOR, "skipped",
-                               f"no actuator configured (actions.actuator: {' | '.join(ACTUATORS)}); {step.reason}",
-                               report)
+        if actuator is None or self.nodes.avoided(node) is not None:
+            return None  # no scheduler to ask (the grade still shows in `logdx nodes`), or asked already
         why = cordon_refusal(report, self.settings, escalated, step.reason)
         if why is not None:
             outcome = "refused" if why.startswith((NODE_UNKNOWN, UNVERIFIED_HOST)) else "skipped"

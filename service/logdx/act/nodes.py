@@ -452,11 +452,16 @@ class NodeBook:
         rows = self.db.query("SELECT ts, job_id, failure_type, report_id FROM node_events WHERE node = ?"
                              " ORDER BY ts, id", (key,))
         blames: dict[tuple[str, str], GradeBlame] = {}
+        reports: set[str] = set()
         for r in rows:
             family = graded_family(r["failure_type"])
-            if family is not None:  # one blame per job and family: its early and final diagnoses are one
-                blames.setdefault((r["job_id"], family), GradeBlame(r["ts"], r["job_id"], r["failure_type"], family,
-                                                                    r["report_id"]))
+            # One blame per job and family (its early and final diagnoses are one), and per report (one report
+            # acted on under another job id, `diagnose` then the MCP's act, is still one).
+            if family is None or (r["job_id"], family) in blames or (r["report_id"] and r["report_id"] in reports):
+                continue
+            blames[(r["job_id"], family)] = GradeBlame(r["ts"], r["job_id"], r["failure_type"], family, r["report_id"])
+            if r["report_id"]:
+                reports.add(r["report_id"])
         credits = [Credit(r["ts"], r["job_id"], r["runtime_s"]) for r in self.db.query(
             "SELECT ts, job_id, runtime_s FROM node_credits WHERE node = ?", (key,))]
         return grade_of(list(blames.values()), credits, self.settings.grades)
