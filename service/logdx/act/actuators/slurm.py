@@ -111,6 +111,8 @@ def _weight_of(undo: str) -> int:
     """The weight an `undo` word of `avoid` puts back (Slurm's default when it says none)."""
     m = re.fullmatch(r"Weight=(\d+)", undo.strip())
     return int(m.group(1)) if m else _DEFAULT_WEIGHT
+
+
 _MAX_JOB_NODES = 100_000
 
 
