@@ -428,6 +428,15 @@ class Recovered:
     source: str  # "rule:<id>"
 
 
+@dataclass(frozen=True, slots=True)
+class Hypothesis:
+    """One of the few labels an unsure report still holds possible, and the check that would confirm it."""
+
+    label: Label
+    p: float  # its share of the report's belief (the hypotheses of one report sum to at most 1)
+    check: str
+
+
 @dataclass(slots=True)
 class StoppedFirst:
     """The rank(s) whose progress or output stopped before the others': the silent rank of a hang."""
@@ -480,3 +489,4 @@ class Diagnosis:
     stage_ms: dict[str, float] = field(default_factory=dict)  # time spent in each diagnosis stage
     timeout: TimeoutVerdict | None = None  # why the job's collectives timed out, when they did
     degradations: list[Degradation] = field(default_factory=list)  # what its start-up says will make it slow
+    hypotheses: list[Hypothesis] = field(default_factory=list)  # when unsure: what else it may be, how to tell

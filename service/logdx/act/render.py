@@ -82,6 +82,11 @@ def render_text(report: Report, color: bool = False) -> str:
         first = report.recovered[0]
         more = f" (+{len(report.recovered) - 1} more)" if len(report.recovered) > 1 else ""
         lines.append(f"{'recovered':>10}  " + paint(f"the job went on after {first.line_no}: {_clip(first.text)}{more}", "dim"))
+    if report.hypotheses:
+        lines.append(f"{'unsure':>10}  " + ", ".join(f"{h.failure_type} ({h.p:.2f})" for h in report.hypotheses)
+                     + ": to tell them apart")
+        for h in report.hypotheses:
+            lines.append(f"{'':>10}  - {h.failure_type}: {_clip(h.check)}")
     if report.evidence:
         lines.append("")
         lines.append(paint("evidence", "bold"))

@@ -139,6 +139,16 @@ class TimeoutBlock(BaseModel):
     explained_by: str | None = Field(None, description="the rule of the root cause that explains the timeouts")
 
 
+class HypothesisBlock(BaseModel):
+    """One label an unsure report still holds possible (its confidence below the cordon threshold)."""
+
+    category: Category
+    failure_type: str
+    action: Action
+    p: float = Field(ge=0, le=1, description="its share of the report's belief; the report's own label comes first")
+    check: str = Field(description="the one check that would confirm it")
+
+
 # "unknown": the log shows neither a failure nor the job's health (no end of the run, no exit code, training
 # that did not go on past its errors; logdx/diagnose/health.py); "empty": the input held no log text at all.
 Status = Literal["failed", "healthy", "unknown", "empty"]
@@ -167,6 +177,9 @@ class Report(BaseModel):
     degradations: list[DegradationBlock] = Field(
         default_factory=list, description="what the job's start-up says will make it slow (a host on TCP sockets "
         "while the others use InfiniBand, GPU Direct RDMA off on one host): advice, healthy jobs included")
+    hypotheses: list[HypothesisBlock] = Field(
+        default_factory=list, description="when the report is unsure (confidence below 0.8): its own label and the "
+        "one or two others the evidence still holds possible, each with the check that would confirm it")
 
 
 def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: dict[str, float]) -> Report:
@@ -196,6 +209,9 @@ def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: 
         timeout=_timeout_block(d) if not healthy else None,
         degradations=[DegradationBlock(kind=g.kind, host=g.host, line_no=g.line_no, text=_clip(g.text), effect=g.effect)
                       for g in d.degradations[:_MAX_DEGRADATIONS]],
+        hypotheses=[] if healthy else [
+            HypothesisBlock(category=h.label.category, failure_type=h.label.failure_type, action=h.label.action,
+                            p=h.p, check=h.check) for h in d.hypotheses],
     )
 
 

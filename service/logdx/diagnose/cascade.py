@@ -22,6 +22,7 @@ from logdx.diagnose.health import faults_after_the_end, health_of
 from logdx.diagnose.life import first_stopped
 from logdx.diagnose.rootcause import Finding, RulesOutcome, find_root_cause, likeliest_unexplained
 from logdx.diagnose.rules import RuleSet
+from logdx.diagnose.shortlist import shortlist
 from logdx.diagnose.untrusted import guard_action, without_instructions
 from logdx.model import (
     FT,
@@ -84,6 +85,7 @@ class Diagnoser:
         diagnosis.degradations = degradations_of(summary)
         if diagnosis.status == "failed":
             diagnosis.stopped_first = first_stopped(summary)
+            diagnosis.hypotheses = shortlist(diagnosis)
         return diagnosis
 
     def _diagnose(self, outcome: RulesOutcome, summary: CompressionSummary, templates: Sequence[TemplateStats],
