@@ -80,7 +80,7 @@ class Engine:
         (a server wants to be ready before its first request, a CLI run on a healthy log never
         needs them)."""
         dirs = [default_rules_dir(), *settings.rules.dirs, *extra_rule_dirs]
-        rules = load_rules(dirs)
+        rules = load_rules(dirs, cache_dir=settings.data_dir / "cache")
         diagnoser = _rules_and_catalog(settings, rules)
         # The model stages (and numpy, torch) are imported only when enabled: a rules-only run starts fast.
         if incidents is None and (settings.retrieval.enabled or settings.llm.enabled):

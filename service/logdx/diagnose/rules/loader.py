@@ -55,11 +55,13 @@ def default_rules_dir() -> Path:
     raise RuleError([f"no rules directory found (tried {tried}); set {ENV_RULES_DIR}"])
 
 
-def load_rules(dirs: Sequence[Path | str] | Path | str, *, verify: bool = True) -> RuleSet:
+def load_rules(dirs: Sequence[Path | str] | Path | str, *, verify: bool = True,
+               cache_dir: Path | None = None) -> RuleSet:
     """Load every ``*.yaml`` pack of each folder (or pack file) in order.
 
     ``verify`` also runs every rule's examples and counterexamples (the CLI's ``rules test``
-    loads with ``verify=False`` and lists all problems with ``check_examples``)."""
+    loads with ``verify=False`` and lists all problems with ``check_examples``). ``cache_dir``: a
+    verified rule set is read from and kept there, keyed by its packs' hashes (``rules.cache``)."""
     if isinstance(dirs, (str, Path)):
         dirs = [dirs]
     files: list[Path] = []
@@ -72,6 +74,25 @@ def load_rules(dirs: Sequence[Path | str] | Path | str, *, verify: bool = True) 
             files.append(p)
         else:
             problems.append(f"{_display(p)}: no such rules directory or file")
+    if problems or not verify or cache_dir is None:
+        return _compile(files, problems, verify)
+    from logdx.diagnose.rules import cache
+
+    try:
+        key = cache.cache_key(files)
+    except OSError:  # a pack that cannot be read: the loader says which
+        return _compile(files, problems, verify)
+    path = cache_dir / cache.CACHE_FILE
+    shown = [_display(f) for f in files]
+    cached = cache.read_cached(path, key)
+    if cached is not None:
+        return cache.rename_packs(cached[0], cached[1], shown)
+    ruleset = _compile(files, problems, verify)
+    cache.write_cached(path, key, ruleset, shown)
+    return ruleset
+
+
+def _compile(files: list[Path], problems: list[str], verify: bool) -> RuleSet:
     rules: list[Rule] = []
     tests: list[PackTest] = []
     origin = OriginConfig()
