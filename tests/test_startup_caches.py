@@ -175,11 +175,14 @@ def test_the_catalog_index_answers_exactly_as_the_catalog_parsed_in_memory(tmp_p
     index = CatalogIndex.open(path)
     assert index is not None and len(index) == len(catalog())
     memory = catalog()
+    kinds = set()
     for line in _sample_lines(400):
         for exc in (None, "RuntimeError"):
             want = [(h.entry, h.score, h.how) for h in memory.match(line, exc)]
             got = [(h.entry, h.score, h.how) for h in index.match(line, exc)]
             assert got == want, line
+            kinds.update(how for _, _, how in want)
+    assert kinds == {"xid", "symbol", "template", "similar"}  # the sample reaches every way of matching
 
 
 def test_a_stale_or_corrupt_catalog_index_is_not_used(tmp_path):

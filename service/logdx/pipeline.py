@@ -187,8 +187,9 @@ def _rules_and_catalog(settings: Settings, rules: RuleSet) -> Diagnoser:
     diagnoser = Diagnoser(rules=rules, weights=FusionWeights.from_settings(settings.fusion),
                           llm_always=settings.llm.always)
     if settings.catalog.enabled:
-        from logdx.diagnose.catalog import catalog_vote
+        from logdx.diagnose.catalog import catalog_vote, use_cache_dir
 
+        use_cache_dir(settings.data_dir / "cache")  # where its index is built if none was installed
         diagnoser.catalog = catalog_vote
     return diagnoser
 
