@@ -203,3 +203,17 @@ def test_without_a_prebuilt_index_one_is_built_once_into_the_data_dirs_cache(tmp
     assert found is not None and found.path.parent == tmp_path / "cache"
     again = catalog_index.find_or_build(shipped=tmp_path / "read-only" / "absent.sqlite", cache_dir=tmp_path / "cache")
     assert again is not None and again.path == found.path
+
+
+def test_single_value_settings_read_from_the_environment_as_pydantic_settings_reads_them():
+    # Start-up reads LOGDX_DATA_DIR (and any other single-value setting) without pydantic-settings:
+    # the same nested strings, for every such setting logdx has.
+    from logdx import config
+
+    plain = [n for n in config.env_names() if config._is_plain_setting(n)]
+    assert "LOGDX_DATA_DIR" in plain and "LOGDX_STORE__PATH" in plain and len(plain) > 50
+    assert not config._is_plain_setting("LOGDX_ALERTS__SLACK")  # a list of objects: JSON, pydantic-settings'
+    env = {name: f"7{i}" for i, name in enumerate(plain)}
+    assert config._plain_values(env) == config._environment_source()(env)()
+    for name in plain:  # one at a time, as a deployment sets a few
+        assert config._plain_values({name: "x"}) == config._environment_source()({name: "x"})(), name
