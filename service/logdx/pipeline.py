@@ -39,6 +39,7 @@ from logdx.model import (
     KeptLine,
     Record,
     Role,
+    StageVote,
     TemplateStats,
 )
 
@@ -187,11 +188,22 @@ def _rules_and_catalog(settings: Settings, rules: RuleSet) -> Diagnoser:
     diagnoser = Diagnoser(rules=rules, weights=FusionWeights.from_settings(settings.fusion),
                           llm_always=settings.llm.always)
     if settings.catalog.enabled:
+        diagnoser.catalog = _CatalogVote(settings.data_dir / "cache")
+    return diagnoser
+
+
+@dataclass(frozen=True, slots=True)
+class _CatalogVote:
+    """The catalog stage, imported when a root line first needs it: most jobs' errors a rule names,
+    and then the catalog's module (and its regexes) never loads."""
+
+    cache_dir: Path  # where its index is built if none was installed
+
+    def __call__(self, ctx: FailureContext) -> StageVote:
         from logdx.diagnose.catalog import catalog_vote, use_cache_dir
 
-        use_cache_dir(settings.data_dir / "cache")  # where its index is built if none was installed
-        diagnoser.catalog = catalog_vote
-    return diagnoser
+        use_cache_dir(self.cache_dir)
+        return catalog_vote(ctx)
 
 
 _SNAPSHOT_MAGIC = b"LDXSESS1"
