@@ -17,7 +17,6 @@ import hashlib
 import os
 import pickle
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -70,6 +69,8 @@ def read_cached(path: Path, key: str) -> tuple[RuleSet, list[str]] | None:
 def write_cached(path: Path, key: str, ruleset: RuleSet, shown: list[str]) -> None:
     """Cache `ruleset` under `key` at `path` (`shown`: its packs' names as shown now); a directory
     that cannot be written is left alone."""
+    import tempfile  # (only a cache miss writes)
+
     body = pickle.dumps((ruleset, shown), protocol=pickle.HIGHEST_PROTOCOL)
     data = _MAGIC + key.encode() + b"\n" + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
     try:
