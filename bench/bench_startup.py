@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -61,12 +62,14 @@ def make_logs(lines: int) -> dict[str, Path]:
             subprocess.run([sys.executable, "-m", "logdx.synth", "--scenario", "healthy", "--ranks", "64", "--lines",
                             str(lines), "--seed", "35", "-o", str(healthy)], check=True, cwd=REPO,
                            env={**os.environ, "PYTHONPATH": str(REPO / "service")})
-        # The run's last lines, then its error: the same job but for what ends it.
-        body = healthy.read_bytes()
+        # The run's last lines, then its error: the same job but for what ends it. Copied, never read
+        # whole: a child inherits this process's peak RSS over fork, and would report it as its own.
         for name, error in (("long-rule", _RULE_ERROR), ("long-catalog", _CATALOG_ERROR)):
             path = CACHE / f"startup-{name}-{lines}.log"
             if not path.exists():
-                path.write_bytes(body + ("\n".join(error) + "\n").encode())
+                with healthy.open("rb") as src, path.open("wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                    dst.write(("\n".join(error) + "\n").encode())
             out[name] = path
     return out
 
