@@ -86,7 +86,6 @@ def add_diagnose_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from logdx.act.render import render_text
     from logdx.cli.inputs import collect
     from logdx.formats import FormatError
     from logdx.normalize import InputError
@@ -118,6 +117,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:
+        from logdx.act.render import render_text  # (not for --json: the report's own JSON)
+
         sys.stdout.write(render_text(report, color=use_color(args, sys.stdout)))
     return EXIT_INTERRUPTED if diagnosed.partial else EXIT_OK
 
