@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from logdx.diagnose.cost import cost_of
 from logdx.diagnose.culprit import UNNAMED_CORDON_MIN_CONFIDENCE, blames_one_node
 from logdx.diagnose.degradations import degradations_of
 from logdx.diagnose.fusion import FusionResult, FusionWeights, fuse, needs_arbiter
@@ -84,6 +85,7 @@ class Diagnoser:
         diagnosis.degradations = degradations_of(summary)
         if diagnosis.status == "failed":
             diagnosis.stopped_first = first_stopped(summary)
+            diagnosis.cost = cost_of(diagnosis, summary)
         return diagnosis
 
     def _diagnose(self, outcome: RulesOutcome, summary: CompressionSummary, templates: Sequence[TemplateStats],
