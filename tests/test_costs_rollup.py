@@ -191,3 +191,37 @@ def test_postgres_holds_the_same_rollup(pg_url: str, fleet: list[tuple[FleetJob,
     finally:
         pg.close()
         lite.close()
+
+
+# -- the service: the counter, the job page, the table ---------------------------------------------------------
+
+
+def test_the_service_counts_lost_gpu_hours_and_shows_them_on_the_job_page(tmp_path: Path, engine: Engine) -> None:
+    import httpx
+
+    from api_server import LoopbackApp
+    from logdx.config import Settings
+
+    out = io.StringIO()
+    truth = write_attempts_job(out, [AttemptPlan(4350, "xid79", culprit_host=1)], hosts=["gpu-node-01", LEMON],
+                               seed=11)
+    want = truth.attempts[0].lost_gpu_hours
+    assert want is not None
+    settings = Settings.model_validate({"data_dir": str(tmp_path), "llm": {"enabled": False},
+                                        "retrieval": {"enabled": False}, "server": {"local_operator": True}})
+    with LoopbackApp(settings, engine) as app, httpx.Client(
+            base_url=app.url, headers={"x-requested-with": "logdx-tests"}, timeout=30) as c:
+        assert c.post("/v1/jobs/big-run.attempt-1/logs", content=out.getvalue().encode()).status_code == 200
+        report = c.post("/v1/jobs/big-run.attempt-1/end", json={"exit_code": 1}).json()
+        assert report["cost"]["checkpoint_step"] == 4000
+        metrics = c.get("/metrics").text
+        page = c.get("/jobs/big-run.attempt-1").text
+    [sample] = [line for line in metrics.splitlines() if line.startswith("logdx_lost_gpu_hours_total{")]
+    assert 'cause="gpu_fell_off_bus"' in sample and 'category="infrastructure"' in sample
+    assert abs(float(sample.rsplit(" ", 1)[1]) - want) <= 0.1 * want
+    assert 'id="cost"' in page and "since the checkpoint at step 4000" in page
+    db = open_db(tmp_path / "logdx.db")
+    try:
+        assert CostBook(db).rollup("node")[0].key == LEMON
+    finally:
+        db.close()

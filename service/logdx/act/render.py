@@ -55,8 +55,12 @@ def cost_sentence(report: Report) -> str:
     out = f"this failure cost ~{_hours(c.lost_gpu_hours)} GPU-hours{gpus} {since}".rstrip()
     if c.stood_still_s is not None:
         out += f"; the job stood still {_duration(c.stood_still_s)} before its next attempt"
-    if c.back_after_s is not None:
-        out += f", back at step {c.failure_step:g} after {_duration(c.back_after_s)}" if c.failure_step is not None else ""
+    if c.back_after_s is not None and c.failure_step is not None:
+        out += f", back at step {c.failure_step:g} after {_duration(c.back_after_s)}"
+    earlier = sum(w.lost_gpu_hours or 0.0 for w in c.earlier_attempts)
+    if earlier:
+        n = len(c.earlier_attempts)
+        out += f" (the {n} earlier attempt{'s' if n != 1 else ''} in this log lost ~{_hours(earlier)} more)"
     return out
 
 
