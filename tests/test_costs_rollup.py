@@ -225,3 +225,31 @@ def test_the_service_counts_lost_gpu_hours_and_shows_them_on_the_job_page(tmp_pa
         assert CostBook(db).rollup("node")[0].key == LEMON
     finally:
         db.close()
+
+
+def test_the_next_attempt_of_a_lineage_says_how_long_the_job_stood_still(db: Database, engine: Engine) -> None:
+    # One job, two attempts submitted as NAME and NAME.attempt-2 (each its own log, as a scheduler writes them).
+    out = io.StringIO()
+    truth = write_attempts_job(out, [AttemptPlan(4350, "xid79", culprit_host=1, downtime_s=1200),
+                                     AttemptPlan(4900, "oom", culprit_rank=2)], hosts=["gpu-node-01", LEMON], seed=21)
+    lines = out.getvalue().splitlines()
+    xid = next(i for i, line in enumerate(lines) if "NVRM: Xid" in line)
+    cut = next(i for i, line in enumerate(lines) if i > xid and "Init COMPLETE" in line)  # attempt 2 starts
+    first, second = lines[:cut], lines[cut:]
+    assert any("successfully loaded checkpoint" in line for line in second[:200])
+    book = CostBook(db)
+    r1 = diagnose_lines(engine, first)
+    book.record("pretrain-7b", r1)
+    session = engine.new_session()
+    session.feed_lines(second)
+    r2 = session.report()
+    book.record("pretrain-7b.attempt-2", r2)
+    assert book.follow("pretrain-7b.attempt-2", session.summary().progress)
+    row = book.row("pretrain-7b")
+    t = truth.attempts[0]
+    assert row is not None and t.next_first_step_ts is not None and t.passed_ts is not None and t.failure_ts
+    assert abs(float(row["stood_still_s"]) - (t.next_first_step_ts - t.failure_ts)) <= 0.1 * 1200  # type: ignore[arg-type]
+    back = t.passed_ts - t.failure_ts
+    assert abs(float(row["back_after_s"]) - back) <= 0.1 * back  # type: ignore[arg-type]
+    assert book.row("pretrain-7b.attempt-2")["attempt"] == 2  # type: ignore[index]
+    assert not book.follow("pretrain-7b", session.summary().progress)  # attempt 1 follows nothing

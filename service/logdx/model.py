@@ -293,6 +293,7 @@ class ProgressSummary:
     # the "saving"), None when its lines had no time: index for index with `checkpoints`.
     checkpoint_ts: list[float | None] = field(default_factory=list)
     restarts: list[Restart] = field(default_factory=list)  # where the step counter fell back, in order
+    step_times: list[tuple[float, float]] = field(default_factory=list)  # (time, step) of the job's highest step, decimated
     completed_line: int = 0  # the last line that said the run's training is over (0: none said so)
     completed_ts: float | None = None  # its time (the last completion line's that said one)
     completed_advances: int = 0  # how often the job had advanced (job_advances) when it was said
@@ -304,6 +305,14 @@ class ProgressSummary:
     job_quiet: int = 0
     job_advances: int = 0
     job_rises: int = 0  # how often the job's highest step rose
+
+    def first_progress_ts(self) -> float | None:
+        """The time of the job's first progress line (None: no progress line had a time)."""
+        return min((s.first_ts for s in self.sources if s.first_ts is not None), default=None)
+
+    def passed_at(self, step: float) -> float | None:
+        """When the job's highest step first reached `step` (to the decimation of `step_times`; None: never)."""
+        return next((ts for ts, reached in self.step_times if reached >= step), None)
 
 
 @dataclass(slots=True)

@@ -432,6 +432,7 @@ class Timeline:
         self.max_step: float | None = None
         self._loss = _Series()
         self._step_time = _Series()
+        self._job_steps = _Series()  # (time, step) of the job's highest step as it rose: when it got where
         self._unread: list[_Source] = []  # sources whose last line the fast path left unread
         self._loss_source: str | None = None  # the one source the loss is read from
         self._time_source: str | None = None  # and the step time
@@ -617,6 +618,9 @@ class Timeline:
         if self.max_step is None or value > self.max_step:
             self.rises += self.max_step is not None
             self.max_step = value
+            when = ts if ts is not None else at
+            if when is not None:
+                self._job_steps.add(when, value)
 
     def _fell(self, src: _Source, value: float, when: float | None, before: float) -> None:
         """The main loop's counter fell back (a restart, a new epoch's bar): its n-th fall joins the job's n-th
@@ -948,6 +952,7 @@ class Timeline:
             recovered_spikes=list(self.recovered_spikes),
             checkpoints=list(self.checkpoints),
             checkpoint_ts=list(self.checkpoint_ts),
+            step_times=list(self._job_steps.points),
             restarts=[Restart(r.from_step, r.from_ts, r.to_step, r.line_no, r.ts, r.passed_ts, r.sources)
                       for r in self.restarts],
             completed_line=self.completed_line,

@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from logdx.act.history import lineage_of
 from logdx.act.report import Report
-from logdx.model import Category
+from logdx.model import Category, ProgressSummary
 from logdx.store import Store, migrate
 
 __all__ = ["BY", "NO_HOST", "CostBook", "CostRow", "Recorded"]
@@ -24,6 +25,8 @@ MIGRATIONS = [
     """
     CREATE TABLE job_costs (
         job_id          TEXT PRIMARY KEY,
+        lineage         TEXT NOT NULL,
+        attempt         INTEGER NOT NULL,
         report_id       TEXT NOT NULL,
         ts              REAL NOT NULL,
         category        TEXT NOT NULL DEFAULT '',
@@ -31,6 +34,7 @@ MIGRATIONS = [
         hosts           TEXT NOT NULL DEFAULT '',
         gpus            INTEGER,
         failure_ts      REAL,
+        failure_step    REAL,
         checkpoint_step INTEGER,
         since           TEXT NOT NULL DEFAULT '',
         lost_gpu_hours  REAL,
@@ -40,6 +44,7 @@ MIGRATIONS = [
         notes           TEXT NOT NULL DEFAULT ''
     );
     CREATE INDEX job_costs_ts ON job_costs(ts);
+    CREATE INDEX job_costs_lineage ON job_costs(lineage, attempt);
     """,
 ]
 
@@ -47,6 +52,8 @@ PG_MIGRATIONS = [
     """
     CREATE TABLE job_costs (
         job_id          TEXT PRIMARY KEY,
+        lineage         TEXT NOT NULL,
+        attempt         INTEGER NOT NULL,
         report_id       TEXT NOT NULL,
         ts              DOUBLE PRECISION NOT NULL,
         category        TEXT NOT NULL DEFAULT '',
@@ -54,6 +61,7 @@ PG_MIGRATIONS = [
         hosts           TEXT NOT NULL DEFAULT '',
         gpus            BIGINT,
         failure_ts      DOUBLE PRECISION,
+        failure_step    DOUBLE PRECISION,
         checkpoint_step BIGINT,
         since           TEXT NOT NULL DEFAULT '',
         lost_gpu_hours  DOUBLE PRECISION,
@@ -63,6 +71,7 @@ PG_MIGRATIONS = [
         notes           TEXT NOT NULL DEFAULT ''
     );
     CREATE INDEX job_costs_ts ON job_costs(ts);
+    CREATE INDEX job_costs_lineage ON job_costs(lineage, attempt);
     """,
 ]
 
@@ -109,23 +118,55 @@ class CostBook:
             old = conn.execute("SELECT category, failure_type, lost_gpu_hours FROM job_costs WHERE job_id = ?",
                                (job_id,)).fetchone()
             conn.execute(
-                "INSERT INTO job_costs(job_id, report_id, ts, category, failure_type, hosts, gpus, failure_ts,"
-                " checkpoint_step, since, lost_gpu_hours, stood_still_s, back_after_s, earlier_gpu_hours, notes)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(job_id) DO UPDATE SET"
+                "INSERT INTO job_costs(job_id, lineage, attempt, report_id, ts, category, failure_type, hosts, gpus,"
+                " failure_ts, failure_step, checkpoint_step, since, lost_gpu_hours, stood_still_s, back_after_s,"
+                " earlier_gpu_hours, notes) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(job_id) DO UPDATE SET"
                 " report_id = excluded.report_id, ts = excluded.ts, category = excluded.category,"
                 " failure_type = excluded.failure_type, hosts = excluded.hosts, gpus = excluded.gpus,"
-                " failure_ts = excluded.failure_ts, checkpoint_step = excluded.checkpoint_step,"
+                " failure_ts = excluded.failure_ts, failure_step = excluded.failure_step,"
+                " checkpoint_step = excluded.checkpoint_step,"
                 " since = excluded.since, lost_gpu_hours = excluded.lost_gpu_hours,"
                 " stood_still_s = excluded.stood_still_s, back_after_s = excluded.back_after_s,"
                 " earlier_gpu_hours = excluded.earlier_gpu_hours, notes = excluded.notes",
-                (job_id, report.id, self.clock(), category, failure_type, ",".join(report.culprits.hosts), c.gpus,
-                 c.failure_ts, c.checkpoint_step, c.since, c.lost_gpu_hours, c.stood_still_s, c.back_after_s,
+                (job_id, *lineage_of(job_id), report.id, self.clock(), category, failure_type,
+                 ",".join(report.culprits.hosts), c.gpus, c.failure_ts, c.failure_step, c.checkpoint_step, c.since, c.lost_gpu_hours, c.stood_still_s, c.back_after_s,
                  sum(w.lost_gpu_hours or 0.0 for w in c.earlier_attempts), "\n".join(c.notes)[:2000]))
         new = c.lost_gpu_hours or 0.0
         before = 0.0
         if old is not None and (old[0], old[1]) == (category, failure_type):
             before = old[2] or 0.0
         return Recorded(category, failure_type, max(0.0, new - before))
+
+    def follow(self, job_id: str, progress: ProgressSummary) -> bool:
+        """A later attempt of a lineage (`NAME.attempt-N`, act/history.py) was read: how long the job stood still
+        between the previous attempt's failure and this attempt's first progress line, and when this attempt
+        was back at the step where that one failed. Parts the previous row already holds (the restart was in
+        its own log) are kept. True when a row was completed."""
+        lineage, attempt = lineage_of(job_id)
+        if attempt < 2:
+            return False
+        rows = self.db.query("SELECT job_id, failure_ts, failure_step, stood_still_s, back_after_s FROM job_costs"
+                             " WHERE lineage = ? AND attempt = ?", (lineage, attempt - 1))
+        first = progress.first_progress_ts()
+        if not rows or rows[0]["failure_ts"] is None or first is None:
+            return False
+        prev = rows[0]
+        stood = prev["stood_still_s"] if prev["stood_still_s"] is not None else max(0.0, first - prev["failure_ts"])
+        back = prev["back_after_s"]
+        if back is None and prev["failure_step"] is not None:
+            passed = progress.passed_at(prev["failure_step"])
+            back = max(0.0, passed - prev["failure_ts"]) if passed is not None else None
+        self.db.execute("UPDATE job_costs SET stood_still_s = ?, back_after_s = ? WHERE job_id = ?",
+                        (round(stood, 1), round(back, 1) if back is not None else None, prev["job_id"]))
+        return True
+
+    def row(self, job_id: str) -> dict[str, object] | None:
+        """The job's own row (`logdx costs --job`)."""
+        rows = self.db.query("SELECT * FROM job_costs WHERE job_id = ?", (job_id,))
+        if not rows:
+            return None
+        names = list(rows[0].keys())  # a SQLite row iterates its values, a PostgreSQL one its names
+        return {k: rows[0][k] for k in names}
 
     def rollup(self, by: str, since: float | None = None, limit: int = 100) -> list[CostRow]:
         """GPU-hours lost by cause, category or node (failures recorded since `since`), most first."""

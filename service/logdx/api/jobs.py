@@ -28,7 +28,7 @@ from typing import Any
 
 from logdx import tenancy
 from logdx.act.costs import CostBook
-from logdx.act.history import AttemptHistory
+from logdx.act.history import AttemptHistory, lineage_of
 from logdx.act.policy import AttemptOutcome, restart_verdict
 from logdx.act.report import Report
 from logdx.api import jobviews
@@ -303,6 +303,8 @@ class JobManager:
         self.metrics.reports.labels(kind, report.status, report.category or "none").inc()
         if report.status == "failed":
             self._charge(job.id, report)
+        if job.session is not None and lineage_of(job.id)[1] > 1:
+            self._follow(job.id, job.session)
         if changed and report.status == "failed" and key != job.acted_key and self.actor is not None:
             self.actor.submit(self._effect(job, report, key))
 
@@ -316,6 +318,13 @@ class JobManager:
         if recorded is not None and recorded.added_gpu_hours > 0:
             self.metrics.lost_gpu_hours.labels(recorded.failure_type or FT.UNKNOWN,
                                                recorded.category or Category.UNKNOWN).inc(recorded.added_gpu_hours)
+
+    def _follow(self, job_id: str, session: Session) -> None:
+        """A later attempt of a lineage: the previous attempt's standing still and recovery (CostBook.follow)."""
+        try:
+            self.costs.follow(job_id, session.summary().progress)
+        except StoreError:
+            log.exception("attempt %s not linked to its previous attempt's cost", job_id)
 
     def _effect(self, job: Job, report: Report, key: str) -> Effect:
         """A diagnosis change to act on, with what the job's history says about restarting it."""

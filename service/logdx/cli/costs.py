@@ -2,6 +2,7 @@
 database as `logdx serve`, `logdx run` and `diagnose` (`store.path`; the `job_costs` table).
 
     logdx costs [--since 7d] [--by cause|node|category] [--json]
+    logdx costs --job ID                       one job's row (JSON)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def add_cost_parsers(sub: argparse._SubParsersAction) -> None:
     costs.add_argument("--by", choices=("cause", "node", "category"), default="cause",
                        help="group by failure type (cause), culprit node, or category (default: cause)")
     costs.add_argument("--limit", type=int, default=50, help="groups shown (default 50)")
+    costs.add_argument("--job", default="", metavar="ID", help="one job's recorded cost, as JSON")
     costs.add_argument("--json", action="store_true")
     add_config_arg(costs)
     costs.set_defaults(func=_costs)
@@ -74,6 +76,13 @@ def _costs(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise UsageError("--limit must be >= 1")
     since = parse_since(args.since)
+    if args.job:
+        with cost_book(args) as book:
+            one = book.row(args.job)
+        if one is None:
+            raise UsageError(f"no cost recorded for job {args.job!r} (only failed jobs have one)")
+        print(json.dumps(one, indent=2))
+        return EXIT_OK
     with cost_book(args) as book:
         rows = book.rollup(args.by, since, limit=args.limit)
         jobs, hours, unknown = book.total(since)

@@ -380,7 +380,10 @@ def keep(engine: Engine, diagnosed: Diagnosed, job_id: str) -> None:
         book = NodeBook(engine.incidents.db, settings.actions)
         book.seen(diagnosed.hosts)
         book.record_diagnosis(job_id, report, cordon_targets(report))
-        CostBook(engine.incidents.db).record(job_id, report)
+        costs = CostBook(engine.incidents.db)
+        costs.record(job_id, report)
+        if diagnosed.session is not None:
+            costs.follow(job_id, diagnosed.session.summary().progress)
     except (OSError, sqlite3.Error, MigrationError) as e:
         report.notes.append(f"report not stored ({e}); feedback on it will not be possible")
 
