@@ -104,3 +104,14 @@ def test_a_counter_falling_to_no_checkpoint_is_no_restart() -> None:
                         restarts=[Restart(from_step=1000, from_ts=200.0, to_step=1, line_no=20, ts=210.0),
                                   Restart(from_step=1000, from_ts=300.0, to_step=501, line_no=30, ts=320.0)])
     assert [r.to_step for r in restarts_of(p)] == [501]
+
+
+def test_the_launchers_world_size_counts_the_gpus_whose_lines_are_not_in_the_log(engine: Engine) -> None:
+    # Only node 0's file (ranks 0-7) was collected; DeepSpeed's launcher said the job had 64 GPUs.
+    lines, truth = _job([AttemptPlan(2350, "xid79", culprit_host=0)], hosts=1, seed=8)
+    head = "2026-01-01T00:00:00.000Z gpu-node-00: [2026-01-01 00:00:00,000] [INFO] [launch.py:164:main] dist_world_size=64"
+    report = diagnose_lines(engine, [head, *lines])
+    assert report.cost is not None and report.cost.gpus == 64 and report.cost.gpus_from == "launcher"
+    t = truth.attempts[0]
+    assert t.lost_gpu_hours is not None
+    assert _near(report.cost.lost_gpu_hours, t.lost_gpu_hours * 64 / truth.gpus)

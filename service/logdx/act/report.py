@@ -164,7 +164,7 @@ class LostWorkBlock(BaseModel):
 class CostBlock(LostWorkBlock):
     """What the failure cost, part by part, from the log (failed reports only)."""
 
-    gpus: int | None = Field(None, description="the job's world size: 1 + the highest rank seen")
+    gpus: int | None = Field(None, description="the job's world size: the launcher's, else 1 + the highest rank seen")
     gpus_from: Literal["launcher", "ranks", ""] = ""
     earlier_attempts: list[LostWorkBlock] = Field(
         default_factory=list, description="failures of earlier attempts in the same log that were restarted "

@@ -85,7 +85,7 @@ class Diagnoser:
         diagnosis.degradations = degradations_of(summary)
         if diagnosis.status == "failed":
             diagnosis.stopped_first = first_stopped(summary)
-            diagnosis.cost = cost_of(diagnosis, summary)
+            diagnosis.cost = cost_of(diagnosis, summary, templates)
         return diagnosis
 
     def _diagnose(self, outcome: RulesOutcome, summary: CompressionSummary, templates: Sequence[TemplateStats],

@@ -19,17 +19,27 @@ A fall of the step counter is a restarted attempt when it went on from a checkpo
 
 from __future__ import annotations
 
-from logdx.model import CompressionSummary, Cost, Diagnosis, LostWork, ProgressSummary, Restart
+import re
+from collections.abc import Sequence
+
+from logdx.model import CompressionSummary, Cost, Diagnosis, LostWork, ProgressSummary, Restart, TemplateStats
 
 __all__ = ["cost_of", "restarts_of"]
 
 _HOUR = 3600.0
+# The world size as launchers print it once at start-up (read from each template's sample, at diagnosis time).
+_WORLD_SIZE = re.compile(
+    r"\bdist_world_size=(\d+)"                      # DeepSpeed's launcher
+    r"|\busing world size: (\d+)"                   # Megatron-LM's arguments
+    r"|\bglobal_world_sizes=\[(\d+)"                # torchrun's elastic agent, "Rendezvous complete"
+    r"|\bNum processes: (\d+)"                      # Hugging Face accelerate's environment
+    r"|\bNCCL INFO comm \S+ rank \d+ nranks (\d+)")  # NCCL's communicator init (the largest is the world)
 
 
-def cost_of(diagnosis: Diagnosis, summary: CompressionSummary) -> Cost:
+def cost_of(diagnosis: Diagnosis, summary: CompressionSummary, templates: Sequence[TemplateStats] = ()) -> Cost:
     """The cost of a failed diagnosis's failure (and of earlier attempts' failures the log shows)."""
     notes: list[str] = []
-    gpus, gpus_from = _gpus(summary)
+    gpus, gpus_from = _gpus(summary, templates)
     if gpus is None:
         notes.append("GPUs unknown: the log names no rank and no launcher world size")
     p = summary.progress
@@ -72,7 +82,11 @@ def _saved_by(p: ProgressSummary, i: int, ts: float | None) -> bool:
     return saved is None or ts is None or saved <= ts
 
 
-def _gpus(summary: CompressionSummary) -> tuple[int | None, str]:
+def _gpus(summary: CompressionSummary, templates: Sequence[TemplateStats]) -> tuple[int | None, str]:
+    """The launcher's world size (the log may hold some nodes' lines only), else 1 + the highest rank seen."""
+    said = [int(g) for t in templates if (m := _WORLD_SIZE.search(t.sample)) for g in m.groups() if g]
+    if said and max(said) >= summary.world_size:
+        return max(said), "launcher"
     if summary.world_size > 0:
         return summary.world_size, "ranks"
     if summary.rank_hosts:
