@@ -352,7 +352,6 @@ class _Source:
     # after a given moment, by the clocks? (life.went_on_after)
     advanced_at: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=_TIMED_ADVANCES))
     falls: int = 0  # how often its main loop's counter fell back: its n-th fall is the job's n-th restart
-    last_rise_ts: float | None = None  # the time of its main loop's last rise
 
     @property
     def steps_per_s(self) -> float | None:
@@ -596,8 +595,7 @@ class Timeline:
             when = ts if ts is not None else at  # its own stamp, else its stream's time before it
             if when is not None and numbered:
                 src.advanced_at.append((when, value))
-                src.last_rise_ts = when
-                if self._unpassed:
+                if self._unpassed and src.falls:
                     self._passes(src, value, when)
             if numbered:
                 delta = value - src.main_value
@@ -626,18 +624,19 @@ class Timeline:
         """The main loop's counter fell back (a restart, a new epoch's bar): its n-th fall joins the job's n-th
         restart, so that every rank resuming from one checkpoint makes one restart."""
         n, src.falls = src.falls, src.falls + 1
+        last_rise = src.advanced_at[-1][0] if src.advanced_at else None
         if n < len(self.restarts):
             r = self.restarts[n]
             if before > r.from_step:  # this rank had got further: back there is further on
                 self._unpassed += r.passed_ts is not None
                 r.from_step, r.passed_ts = before, None
-            if src.last_rise_ts is not None and (r.from_ts is None or src.last_rise_ts > r.from_ts):
-                r.from_ts = src.last_rise_ts
+            if last_rise is not None and (r.from_ts is None or last_rise > r.from_ts):
+                r.from_ts = last_rise
             r.to_step = min(r.to_step, value)
             r.sources += 1
         elif n == len(self.restarts) < _MAX_RESTARTS:
             line_no = src.last_line
-            self.restarts.append(Restart(from_step=before, from_ts=src.last_rise_ts, to_step=value, line_no=line_no,
+            self.restarts.append(Restart(from_step=before, from_ts=last_rise, to_step=value, line_no=line_no,
                                          ts=when))
             self._unpassed += 1
 
