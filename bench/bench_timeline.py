@@ -24,7 +24,7 @@ from types import ModuleType
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "service"))
 
-from logdx.model import Record  # noqa: E402
+from logdx.model import Record
 
 
 def load(path: Path, name: str) -> ModuleType:
