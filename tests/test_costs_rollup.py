@@ -253,3 +253,41 @@ def test_the_next_attempt_of_a_lineage_says_how_long_the_job_stood_still(db: Dat
     assert abs(float(row["back_after_s"]) - back) <= 0.1 * back  # type: ignore[arg-type]
     assert book.row("pretrain-7b.attempt-2")["attempt"] == 2  # type: ignore[index]
     assert not book.follow("pretrain-7b", session.summary().progress)  # attempt 1 follows nothing
+
+
+def test_logdx_run_completes_the_failed_attempts_cost_from_the_next_attempt(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    out = io.StringIO()
+    truth = write_attempts_job(out, [AttemptPlan(2350, "xid79", culprit_host=1, downtime_s=0),
+                                     AttemptPlan(2600, "ok")], hosts=["gpu-node-01", LEMON], seed=31)
+    lines = out.getvalue().splitlines()
+    xid = next(i for i, line in enumerate(lines) if "NVRM: Xid" in line)
+    cut = next(i for i, line in enumerate(lines) if i > xid and "Init COMPLETE" in line)
+    (tmp_path / "attempt-1.log").write_text("\n".join(lines[:cut]) + "\n")
+    (tmp_path / "attempt-2.log").write_text("\n".join(lines[cut:]) + "\n")
+    child = tmp_path / "train.py"
+    child.write_text("import os, sys\nn = os.environ['LOGDX_ATTEMPT']\n"
+                     f"sys.stdout.write(open({str(tmp_path)!r} + f'/attempt-{{n}}.log').read())\n"
+                     "sys.exit(1 if n == '1' else 0)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOGDX_")}
+    env.update({"LOGDX_DATA_DIR": str(tmp_path / "data"), "NO_COLOR": "1"})
+    config = tmp_path / "logdx.yaml"  # a dry-run actuator: logdx run then keeps a store (nothing is changed)
+    config.write_text("actions:\n  actuator: slurm\n  dry_run: true\n")
+    p = subprocess.run([sys.executable, "-m", "logdx", "run", "--config", str(config), "--no-llm", "--no-retrieval",
+                        "--job-id", "pretrain",
+                        "--backoff", "0.1", "--kill-grace", "2", "--", sys.executable, str(child)],
+                       capture_output=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    db = open_db(tmp_path / "data" / "logdx.db")
+    try:
+        row = CostBook(db).row("pretrain/attempt-1")
+    finally:
+        db.close()
+    t = truth.attempts[0]
+    assert row is not None and t.lost_gpu_hours is not None and t.passed_ts is not None and t.failure_ts is not None
+    assert abs(float(row["lost_gpu_hours"]) - t.lost_gpu_hours) <= 0.1 * t.lost_gpu_hours  # type: ignore[arg-type]
+    back = t.passed_ts - t.failure_ts
+    assert row["back_after_s"] is not None and abs(float(row["back_after_s"]) - back) <= 0.1 * back  # type: ignore[arg-type]

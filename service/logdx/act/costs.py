@@ -137,16 +137,20 @@ class CostBook:
             before = old[2] or 0.0
         return Recorded(category, failure_type, max(0.0, new - before))
 
-    def follow(self, job_id: str, progress: ProgressSummary) -> bool:
+    def follow(self, job_id: str, progress: ProgressSummary, previous: str | None = None) -> bool:
         """A later attempt of a lineage (`NAME.attempt-N`, act/history.py) was read: how long the job stood still
         between the previous attempt's failure and this attempt's first progress line, and when this attempt
         was back at the step where that one failed. Parts the previous row already holds (the restart was in
-        its own log) are kept. True when a row was completed."""
-        lineage, attempt = lineage_of(job_id)
-        if attempt < 2:
-            return False
-        rows = self.db.query("SELECT job_id, failure_ts, failure_step, stood_still_s, back_after_s FROM job_costs"
-                             " WHERE lineage = ? AND attempt = ?", (lineage, attempt - 1))
+        its own log) are kept. `previous`: the attempt before, when the caller knows it (`logdx run`). True when
+        a row was completed."""
+        cols = "SELECT job_id, failure_ts, failure_step, stood_still_s, back_after_s FROM job_costs"
+        if previous is not None:
+            rows = self.db.query(cols + " WHERE job_id = ?", (previous,))
+        else:
+            lineage, attempt = lineage_of(job_id)
+            if attempt < 2:
+                return False
+            rows = self.db.query(cols + " WHERE lineage = ? AND attempt = ?", (lineage, attempt - 1))
         first = progress.first_progress_ts()
         if not rows or rows[0]["failure_ts"] is None or first is None:
             return False
