@@ -216,6 +216,10 @@ def test_the_service_counts_lost_gpu_hours_and_shows_them_on_the_job_page(tmp_pa
         assert report["cost"]["checkpoint_step"] == 4000
         metrics = c.get("/metrics").text
         page = c.get("/jobs/big-run.attempt-1").text
+        by_node = c.get("/v1/costs", params={"by": "node", "since_s": 86400}).json()
+        refused = c.get("/v1/costs", params={"by": "colour"})
+    assert by_node["groups"][0]["key"] == LEMON and by_node["failed_jobs"] == 1
+    assert refused.status_code == 422 and refused.json()["error"]["code"]
     [sample] = [line for line in metrics.splitlines() if line.startswith("logdx_lost_gpu_hours_total{")]
     assert 'cause="gpu_fell_off_bus"' in sample and 'category="infrastructure"' in sample
     assert abs(float(sample.rsplit(" ", 1)[1]) - want) <= 0.1 * want
