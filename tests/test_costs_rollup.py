@@ -256,6 +256,8 @@ def test_the_next_attempt_of_a_lineage_says_how_long_the_job_stood_still(db: Dat
     back = t.passed_ts - t.failure_ts
     assert abs(float(row["back_after_s"]) - back) <= 0.1 * back  # type: ignore[arg-type]
     assert book.row("pretrain-7b.attempt-2")["attempt"] == 2  # type: ignore[index]
+    book.record("pretrain-7b", r1)  # attempt 1 diagnosed again (a late node event): what attempt 2 told stays
+    assert book.row("pretrain-7b") == row | {"ts": book.row("pretrain-7b")["ts"]}  # type: ignore[index]
     assert not book.follow("pretrain-7b", session.summary().progress)  # attempt 1 follows nothing
 
 

@@ -126,7 +126,9 @@ class CostBook:
                 " failure_ts = excluded.failure_ts, failure_step = excluded.failure_step,"
                 " checkpoint_step = excluded.checkpoint_step,"
                 " since = excluded.since, lost_gpu_hours = excluded.lost_gpu_hours,"
-                " stood_still_s = excluded.stood_still_s, back_after_s = excluded.back_after_s,"
+                # What the next attempt told (follow) stays when this job's own log does not say it.
+                " stood_still_s = COALESCE(excluded.stood_still_s, job_costs.stood_still_s),"
+                " back_after_s = COALESCE(excluded.back_after_s, job_costs.back_after_s),"
                 " earlier_gpu_hours = excluded.earlier_gpu_hours, notes = excluded.notes",
                 (job_id, *lineage_of(job_id), report.id, self.clock(), category, failure_type,
                  ",".join(report.culprits.hosts), c.gpus, c.failure_ts, c.failure_step, c.checkpoint_step, c.since, c.lost_gpu_hours, c.stood_still_s, c.back_after_s,
