@@ -115,3 +115,15 @@ def test_the_launchers_world_size_counts_the_gpus_whose_lines_are_not_in_the_log
     t = truth.attempts[0]
     assert t.lost_gpu_hours is not None
     assert _near(report.cost.lost_gpu_hours, t.lost_gpu_hours * 64 / truth.gpus)
+
+
+@pytest.mark.parametrize("kind", ["spike", "nan"])
+def test_a_diverged_run_loses_the_work_since_the_checkpoint_before_the_divergence(engine: Engine, kind: str) -> None:
+    from logdx.synth.divergence import FLAVOURS_OF, divergence_job
+
+    out = io.StringIO()
+    truth = divergence_job(out, seed=3, flavour=FLAVOURS_OF[kind][0], style="torchrun", ranks=8, lines=6000, kind=kind)
+    report = diagnose_lines(engine, out.getvalue().splitlines(), exit_code=truth.exit_code)
+    assert report.status == "failed" and report.cost is not None
+    assert report.cost.checkpoint_step == truth.variant["rollback_to"]  # not a checkpoint saved with the damage
+    assert report.cost.since == "checkpoint" and report.cost.lost_gpu_hours

@@ -59,7 +59,7 @@ def cost_of(diagnosis: Diagnosis, summary: CompressionSummary, templates: Sequen
     after = [r for r in restarts if r not in before]
     attempt_start = before[-1] if before else None
     failure = _lost(p, failure_ts, line, _step_at_failure(p, attempt_start, after), attempt_start,
-                    after[0] if after else None, gpus, summary.first_ts, notes)
+                    after[0] if after else None, gpus, summary.first_ts, notes, _diverged_at(p, line))
     earlier = [_lost(p, r.from_ts, None, r.from_step, before[i - 1] if i else None, r, gpus, summary.first_ts, [])
                for i, r in enumerate(before)]
     return Cost(gpus=gpus, gpus_from=gpus_from, failure=failure, earlier=earlier, notes=notes)
@@ -101,6 +101,15 @@ def _before(r: Restart, failure_ts: float | None, line: int | None) -> bool:
     return line is not None and r.line_no < line
 
 
+def _diverged_at(p: ProgressSummary, line: int | None) -> float | None:
+    """The step where the loss went wrong, when the failure is that divergence or came after it: a checkpoint
+    saved since holds the damage (the run rolls back to one before it: `rollback_to_step`)."""
+    d = p.divergence
+    if d is None or d.step is None or (line is not None and line < d.line_no):
+        return None
+    return d.step
+
+
 def _step_at_failure(p: ProgressSummary, attempt: Restart | None, after: list[Restart]) -> float | None:
     """Where the job was when it failed: where it fell back from, when a restart followed the failure; else
     the furthest its sources got (the failure ended them)."""
@@ -112,9 +121,11 @@ def _step_at_failure(p: ProgressSummary, attempt: Restart | None, after: list[Re
 
 def _lost(p: ProgressSummary, failure_ts: float | None, line: int | None, step: float | None,
           attempt: Restart | None, restart: Restart | None, gpus: int | None, first_ts: float | None,
-          notes: list[str]) -> LostWork:
+          notes: list[str], diverged: float | None = None) -> LostWork:
     w = LostWork(failure_ts=failure_ts, failure_step=step, failure_line=line)
-    ck = _last_checkpoint(p, failure_ts, line, step)
+    ck = _last_checkpoint(p, failure_ts, line, step, diverged)
+    if diverged is not None:
+        notes.append(f"the loss diverged at step {diverged:g}: checkpoints saved since hold the damage and do not count")
     if ck is not None:
         w.checkpoint_step, w.checkpoint_line, w.checkpoint_ts = ck
     starts = [("checkpoint", w.checkpoint_ts), ("attempt_start", attempt.ts if attempt is not None else None)]
@@ -146,8 +157,8 @@ def _lost(p: ProgressSummary, failure_ts: float | None, line: int | None, step: 
     return w
 
 
-def _last_checkpoint(p: ProgressSummary, failure_ts: float | None, line: int | None,
-                     step: float | None) -> tuple[int, int, float | None] | None:
+def _last_checkpoint(p: ProgressSummary, failure_ts: float | None, line: int | None, step: float | None,
+                     diverged: float | None = None) -> tuple[int, int, float | None] | None:
     """The last checkpoint saved before the failure (by the clocks, else by the lines), at or below its step."""
     best: tuple[int, int, float | None] | None = None
     for i, (ck_step, ck_line) in enumerate(p.checkpoints):
@@ -157,7 +168,7 @@ def _last_checkpoint(p: ProgressSummary, failure_ts: float | None, line: int | N
                 continue
         elif line is not None and ck_line >= line:
             continue
-        if step is not None and ck_step > step:
+        if (step is not None and ck_step > step) or (diverged is not None and ck_step >= diverged):
             continue
         best = (ck_step, ck_line, ts)  # in the order the log said them: the last one that qualifies
     return best
