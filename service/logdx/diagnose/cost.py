@@ -51,7 +51,8 @@ def cost_of(diagnosis: Diagnosis, summary: CompressionSummary, templates: Sequen
     if failure_ts is None:
         failure_ts = summary.last_ts
         if failure_ts is not None:
-            notes.append("the root line has no time: the failure is taken at the log's last timestamp")
+            notes.append(("the root line has no time" if root is not None else "no root line")
+                         + ": the failure is taken at the log's last timestamp")
     if failure_ts is None:
         notes.append("failure time unknown: the log's lines carry no timestamps")
     line = root.line_no if root is not None else None
