@@ -25,6 +25,7 @@ def build_parser(prog: str = "logdx") -> argparse.ArgumentParser:
     from logdx.agent.cli import add_mcp_parser  # light, like the others: the SDK loads only when mcp runs
     from logdx.api.server import add_serve_parser  # light: FastAPI loads only when serve runs
     from logdx.cli.config import add_config_parsers
+    from logdx.cli.costs import add_cost_parsers
     from logdx.cli.incidents import add_incident_parsers
     from logdx.cli.nodes import add_node_parsers
     from logdx.cli.tools import add_tool_parsers
@@ -35,6 +36,7 @@ def build_parser(prog: str = "logdx") -> argparse.ArgumentParser:
     add_tool_parsers(sub, Parser)
     add_incident_parsers(sub, Parser)
     add_node_parsers(sub, Parser)
+    add_cost_parsers(sub)
     add_config_parsers(sub, Parser)
     add_run_parser(sub)
     add_serve_parser(sub)

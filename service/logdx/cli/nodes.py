@@ -2,6 +2,7 @@
 line, over the same database as `logdx serve` and `logdx run` (`store.path`).
 
     logdx nodes [--blamed] [--json]          nodes seen in job logs; blamed / cordoned first, with their grades
+    logdx nodes --by lost-gpu-hours          ... the nodes whose failures lost the most GPU-hours first
     logdx nodes show NODE                    one node's history (JSON)
     logdx nodes uncordon NODE --by NAME      a person's all-clear (audited; "resolved" alerts follow)
     logdx nodes check                        run actions.health_check_command now
@@ -34,6 +35,11 @@ def add_node_parsers(sub: argparse._SubParsersAction, parser_class: type[argpars
     nodes.add_argument("--blamed", action="store_true", help="only nodes a diagnosis blamed")
     nodes.add_argument("--json", action="store_true", help="the list as JSON")
     nodes.add_argument("--limit", type=int, default=500)
+    nodes.add_argument("--by", choices=("events", "lost-gpu-hours"), default="events",
+                       help="order: by the node book (blamed, cordoned first), or by the GPU-hours the failures "
+                       "blamed on each node lost (logdx costs)")
+    nodes.add_argument("--since", default="", metavar="SPAN", help="with --by lost-gpu-hours: failures in the last "
+                       "SPAN only (7d, 12h)")
     add_config_arg(nodes)
     nodes.set_defaults(func=_list)
     nodes_sub = nodes.add_subparsers(dest="nodes_command", parser_class=parser_class, metavar="SUBCOMMAND")
@@ -92,6 +98,8 @@ def _when(ts: float | None) -> str:
 def _list(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise UsageError("--limit must be >= 1")
+    if args.by == "lost-gpu-hours":
+        return _by_lost_hours(args)
     with _responder(args) as r:
         nodes = r.actions.nodes.list(blamed_only=args.blamed, limit=args.limit)
     if args.json:
@@ -114,6 +122,26 @@ def _list(args: argparse.Namespace) -> int:
         for n in graded:
             assert n.grade is not None
             print(f"{n.node}: {n.grade.grade}: {n.grade.reason}")
+    return EXIT_OK
+
+
+def _by_lost_hours(args: argparse.Namespace) -> int:
+    """The nodes ranked by the work their failures destroyed (job_costs), not by how often they failed."""
+    from logdx.act.costs import NO_HOST
+    from logdx.cli.costs import cost_book, parse_since
+
+    with cost_book(args) as book:
+        rows = [r for r in book.rollup("node", parse_since(args.since), limit=args.limit + 1)
+                if r.key != NO_HOST][:args.limit]
+    if args.json:
+        print(json.dumps([{"node": r.key, "lost_gpu_hours": r.lost_gpu_hours, "jobs": r.jobs, "unknown": r.unknown}
+                          for r in rows], indent=2))
+        return EXIT_OK
+    if not rows:
+        print("no failure blamed on a node has a cost yet")
+        return EXIT_OK
+    _table([("node", "GPU-hours lost", "failed jobs", "unknown"),
+            *((r.key, f"{r.lost_gpu_hours:,.1f}", str(r.jobs), str(r.unknown) if r.unknown else "") for r in rows)])
     return EXIT_OK
 
 

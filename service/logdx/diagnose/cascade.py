@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from logdx.diagnose.cost import cost_of
 from logdx.diagnose.culprit import UNNAMED_CORDON_MIN_CONFIDENCE, blames_one_node
 from logdx.diagnose.degradations import degradations_of
 from logdx.diagnose.fusion import FusionResult, FusionWeights, fuse, needs_arbiter
@@ -86,6 +87,7 @@ class Diagnoser:
         if diagnosis.status == "failed":
             diagnosis.stopped_first = first_stopped(summary)
             diagnosis.hypotheses = shortlist(diagnosis)
+            diagnosis.cost = cost_of(diagnosis, summary, templates)
         return diagnosis
 
     def _diagnose(self, outcome: RulesOutcome, summary: CompressionSummary, templates: Sequence[TemplateStats],
