@@ -166,6 +166,11 @@ def test_cli_diagnose_stores_costs_and_the_commands_rank_them(
     assert main(["nodes", "--by", "lost-gpu-hours", "--json", "--config", str(store_config)]) == 0
     ranked = json.loads(capsys.readouterr().out)
     assert ranked[0]["node"] == LEMON
+    assert main(["nodes", "--json", "--config", str(store_config)]) == 0  # the node list charges them too
+    listed = {n["node"]: n for n in json.loads(capsys.readouterr().out)}
+    assert listed[LEMON]["lost_gpu_hours"] == pytest.approx(ranked[0]["lost_gpu_hours"])
+    assert main(["nodes", "--config", str(store_config)]) == 0
+    assert "GPU-h lost" in capsys.readouterr().out
     assert main(["costs", "--by", "cause", "--since", "7d", "--json", "--config", str(store_config)]) == 0
     rolled = json.loads(capsys.readouterr().out)
     assert rolled["failed_jobs"] == len(jobs) and rolled["unknown"] == 0

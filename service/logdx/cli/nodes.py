@@ -102,27 +102,39 @@ def _list(args: argparse.Namespace) -> int:
         return _by_lost_hours(args)
     with _responder(args) as r:
         nodes = r.actions.nodes.list(blamed_only=args.blamed, limit=args.limit)
+    lost = _lost_hours_by_node(args)
     if args.json:
-        print(json.dumps([n.to_dict() for n in nodes], indent=2))
+        print(json.dumps([{**n.to_dict(), "lost_gpu_hours": lost.get(n.node)} for n in nodes], indent=2))
         return EXIT_OK
     if not nodes:
         print("no node seen yet")
         return EXIT_OK
-    rows = [("node", "grade", "state", "since", "events", "jobs", "failure types")]
+    rows = [("node", "grade", "state", "since", "events", "jobs", "GPU-h lost", "failure types")]
     for n in nodes:
         jobs = f"{len(n.jobs)}" + (" (several jobs)" if n.blamed_by_several_jobs else "")
         types = ", ".join(f"{t or '?'} x{c}" for t, c in n.failure_types.items()) or "-"
         grade = (n.grade.grade if n.grade is not None else "ok") + (" (avoided)" if n.avoided else "")
+        hours = f"{lost[n.node]:,.1f}" if n.node in lost else "-"
         rows.append((n.node, grade, n.state, _when(n.state_since) if n.state != "ok" else "-", str(n.events), jobs,
-                     types))
+                     hours, types))
     _table(rows)
     graded = [n for n in nodes if n.grade is not None and n.grade.grade != "ok"]
     if graded:
         print("")
         for n in graded:
             assert n.grade is not None
-            print(f"{n.node}: {n.grade.grade}: {n.grade.reason}")
+            charged = f"; {lost[n.node]:,.1f} GPU-hours lost to its failures" if n.node in lost else ""
+            print(f"{n.node}: {n.grade.grade}: {n.grade.reason}{charged}")
     return EXIT_OK
+
+
+def _lost_hours_by_node(args: argparse.Namespace) -> dict[str, float]:
+    """The GPU-hours the failures blamed on each node lost (job_costs), for the grade's reason."""
+    from logdx.act.costs import NO_HOST
+    from logdx.cli.costs import cost_book
+
+    with cost_book(args) as book:
+        return {r.key: r.lost_gpu_hours for r in book.rollup("node", None, limit=100_000) if r.key != NO_HOST}
 
 
 def _by_lost_hours(args: argparse.Namespace) -> int:
