@@ -200,7 +200,7 @@ class _CatalogVote:
     cache_dir: Path  # where its index is built if none was installed
 
     def __call__(self, ctx: FailureContext) -> StageVote:
-        from logdx.diagnose.catalog import catalog_vote, use_cache_dir
+        from logdx.diagnose.catalog_stage import catalog_vote, use_cache_dir
 
         use_cache_dir(self.cache_dir)
         return catalog_vote(ctx)

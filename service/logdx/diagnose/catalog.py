@@ -27,7 +27,6 @@ import gzip
 import json
 import math
 import re
-import sqlite3
 import threading
 from collections import defaultdict
 from collections.abc import Iterable
@@ -35,15 +34,9 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from logdx.diagnose.fusion import format_neighbour_evidence
-from logdx.model import Evidence, FailureContext, Label, StageVote
 from logdx.patterns import PARAM, mask
-from logdx.taxonomy import category_of, default_action
 
-__all__ = [
-    "CATALOG_PATH", "Catalog", "CatalogEntry", "CatalogHit", "catalog", "catalog_meta", "catalog_vote", "content_words",
-    "match",
-]
+__all__ = ["CATALOG_PATH", "Catalog", "CatalogEntry", "CatalogHit", "catalog", "catalog_meta", "content_words"]
 
 CATALOG_PATH = Path(__file__).resolve().parent.parent / "kb" / "catalog.jsonl.gz"
 META_PATH = CATALOG_PATH.with_name("catalog.meta.json")
@@ -368,7 +361,7 @@ def _best(hits: list[CatalogHit], limit: int) -> list[CatalogHit]:
 
 # ---- the shipped catalog ---------------------------------------------------------------------------
 
-_lock = threading.Lock()
+lock = threading.Lock()  # guards the parse (and catalog_stage's choice of matcher)
 _loaded: Catalog | None = None
 
 
@@ -376,7 +369,7 @@ def catalog() -> Catalog:
     """The shipped catalog, loaded on first use (about a second) and shared by every thread."""
     global _loaded
     if _loaded is None:
-        with _lock:
+        with lock:
             if _loaded is None:
                 _loaded = _load_checked()
     return _loaded
@@ -390,76 +383,19 @@ def _load_checked() -> Catalog:
     return Catalog.load()
 
 
-_matcher: Catalog | None = None  # what `match` asks: the prebuilt index's view, else the parsed catalog
-_cache_dir: Path | None = None
-
-
-def use_cache_dir(path: Path | None) -> None:
-    """Where an index of the catalog is built when none was installed (`<data_dir>/cache`)."""
-    global _cache_dir
-    _cache_dir = path
-
-
-def _the_matcher() -> Catalog:
-    """The catalog `match` consults, chosen once: the prebuilt index (`catalog_index`), read a row at a
-    time; without one, the catalog parsed in memory (and indexed into the cache dir for next time)."""
-    global _matcher
-    if _matcher is None:
-        with _lock:
-            if _matcher is None:
-                from logdx.diagnose import catalog_index
-
-                found = catalog_index.find_or_build(cache_dir=_cache_dir, parsed=_parsed)
-                _matcher = found.catalog if found is not None and _loaded is None else _parsed()
-    return _matcher
-
-
-def _parsed() -> Catalog:
-    # `catalog()` takes the lock `_the_matcher` holds: parse without it (the caller holds it).
+def parsed_unlocked() -> Catalog:
+    """The shipped catalog parsed, for a caller that already holds `lock` (`catalog()` takes it)."""
     global _loaded
     if _loaded is None:
         _loaded = _load_checked()
     return _loaded
 
 
-def match(line: str, exception_type: str | None = None, limit: int = 5) -> list[CatalogHit]:
-    """The known messages a line came from, best first (the same answers as `catalog().match`)."""
-    global _matcher
-    matcher = _the_matcher()
-    try:
-        return matcher.match(line, exception_type, limit)
-    except sqlite3.Error:  # an index that broke under us: the catalog itself answers from now on
-        _matcher = catalog()
-        return _matcher.match(line, exception_type, limit)
+def already_parsed() -> bool:
+    return _loaded is not None
 
 
 @cache
 def catalog_meta() -> dict:
     """What the shipped catalog was built from: format, framework versions and files, counts."""
     return json.loads(META_PATH.read_text(encoding="utf-8"))
-
-
-# -- the catalog as a diagnosis stage ------------------------------------------------------------------
-
-
-def catalog_vote(ctx: FailureContext, limit: int = 3) -> StageVote:
-    """What the catalog says of the root line: the labels of the messages it came from, scored by
-    how well they match (a stage vote; see cascade.py)."""
-    line = ctx.root_message or ctx.root_text
-    if not line:
-        return StageVote(source="catalog", scores=[])
-    scores: dict[tuple[str, str], tuple[Label, float]] = {}
-    evidence: list[Evidence] = []
-    for hit in match(line, ctx.exception_type, limit):
-        e = hit.entry
-        cat = category_of(e.failure_type)
-        if cat is None:
-            continue
-        label = Label(cat, e.failure_type, default_action(cat, e.failure_type))
-        key = (cat.value, e.failure_type)
-        if key not in scores or hit.score > scores[key][1]:
-            scores[key] = (label, hit.score)
-        evidence.append(Evidence(line_no=None, text=format_neighbour_evidence(label, hit.score, e.text()),
-                                 source=f"catalog:{e.id}"))
-    ranked = sorted(scores.values(), key=lambda s: -s[1])
-    return StageVote(source="catalog", scores=ranked, evidence=evidence[:limit])
