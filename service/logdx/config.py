@@ -500,6 +500,9 @@ class ActionsSettings(Section):
         "({job_id}, {hosts}, ...) filled inside its word; a list is taken word for word")
     restart_webhook: str = Field("", description="URL POSTed to restart a job (when no restart_command is set)")
     max_cordons: int = Field(2, ge=0, description="at most this many nodes cordoned per window (dry runs not counted)")
+    false_alarm_silence_days: float = Field(
+        30.0, ge=0, description="a false alarm (feedback --false-alarm) silences its root line's template this long: "
+        "a later report of the same line is diagnosed as ever but pages nobody and acts on nothing (0: no silence)")
     window_s: float = Field(3600.0, gt=0, description="the window of max_cordons")
     min_confidence: float = Field(0.8, ge=0, le=1, description="less sure diagnoses cordon nothing (an escalation "
                                   "stands in for it)")

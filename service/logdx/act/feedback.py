@@ -1,12 +1,15 @@
 """A false alarm, as every face records it: the report's feedback says the job did not fail, the incident an
 earlier correction of it taught goes, and the nodes it blamed are no longer charged with it: their grades are
-replayed without it, and an avoid mark the grade no longer justifies is lifted (audited `unavoid`)."""
+replayed without it, and an avoid mark the grade no longer justifies is lifted (audited `unavoid`). Its root
+line's template is silenced (act/silences.py): the next report of that line pages nobody and touches nothing."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from logdx.act.actions import ActionRecord, Actions
+from logdx.act.silences import Silence, Silences
 from logdx.config import ActionsSettings
 from logdx.incidents import IncidentStore
 
@@ -20,12 +23,18 @@ class FalseAlarm:
     withdrawn_from: list[str]  # the nodes whose history no longer counts it
     removed_incident: str | None
     lifted: tuple[ActionRecord, ...] = ()  # avoid marks lifted (or, in a dry run, that would be)
+    silence: Silence | None = None  # what now keeps the same root line from paging or acting
 
     def describe(self) -> str:
         nodes = f"; no longer counted against {', '.join(self.withdrawn_from)}" if self.withdrawn_from else ""
         gone = f"; incident {self.removed_incident} removed" if self.removed_incident else ""
         lifted = "".join(f"; unavoid {r.node}: {r.outcome}" for r in self.lifted)
-        return f"report {self.report_id} ({self.was}) recorded as a false alarm{nodes}{gone}{lifted}"
+        silenced = f"; its root line is silenced ({self.silence.id}, {self._days_left()} days)" if self.silence else ""
+        return f"report {self.report_id} ({self.was}) recorded as a false alarm{nodes}{gone}{lifted}{silenced}"
+
+    def _days_left(self) -> str:
+        assert self.silence is not None
+        return f"{max(0.0, (self.silence.expires_at - time.time()) / 86400):.0f}"
 
 
 def record_false_alarm(store: IncidentStore, actions: ActionsSettings, report_id: str, note: str | None = None,
@@ -33,5 +42,9 @@ def record_false_alarm(store: IncidentStore, actions: ActionsSettings, report_id
     """Raises IncidentError (no such report, or it did not say failed) and SharedIncident as `store.feedback`."""
     fb = store.false_alarm(report_id, note, by_tenant=by_tenant)
     withdrawn, lifted = Actions(store.db, actions).withdraw(report_id)
+    report = store.get_report(report_id) or {}
+    root = str((report.get("root_cause") or {}).get("text") or "")
+    silence = Silences(store.db, actions.false_alarm_silence_days).add(
+        root, report_id, tenant=store.report_tenant(report_id) or "", note=(note or "").strip())
     return FalseAlarm(report_id=report_id, was=str(fb["was"]), withdrawn_from=withdrawn,
-                      removed_incident=fb["removed_incident"], lifted=tuple(lifted))
+                      removed_incident=fb["removed_incident"], lifted=tuple(lifted), silence=silence)

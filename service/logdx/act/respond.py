@@ -19,6 +19,7 @@ from logdx.act.alerts.outbox import Outbox, OutboxWorker
 from logdx.act.costs import CostBook
 from logdx.act.policy import RestartVerdict
 from logdx.act.report import Report
+from logdx.act.silences import Silence, Silences
 from logdx.config import Settings
 from logdx.store import Store
 
@@ -31,6 +32,7 @@ __all__ = ["Responder", "Response", "describe_done"]
 class Response:
     alert_queued: bool = False
     actions: list[ActionRecord] = field(default_factory=list)
+    silenced_by: Silence | None = None  # a false alarm's silence held the alert and the actions
     errors: list[str] = field(default_factory=list)  # "alert not queued: ...", "actions failed: ..."
 
 
@@ -66,6 +68,7 @@ class Responder:
         self.worker = OutboxWorker(self.outbox)
         self.actions = Actions(db, settings.actions, clock=clock)
         self.costs = CostBook(db, clock=clock)
+        self.silences = Silences(db, settings.actions.false_alarm_silence_days, clock=clock)
 
     def start(self) -> Responder:
         self.worker.start()
@@ -79,6 +82,16 @@ class Responder:
         `restart=False` leaves restarting to the caller (`logdx run` restarts the job itself)."""
         out = Response()
         if report.status != "failed":
+            return out
+        try:
+            out.silenced_by = self.silences.matching(job_id, report)
+        except Exception as e:
+            log.exception("silences of job %s not read", job_id)
+            out.errors.append(f"silences not read: {type(e).__name__}: {e}")
+        if out.silenced_by is not None:
+            # A person called this root line a false alarm: diagnosed as ever, but nobody paged, nothing touched.
+            log.info("job %s: root line silenced by %s (false alarm %s)", job_id, out.silenced_by.id,
+                     out.silenced_by.report_id)
             return out
         try:
             self.costs.record(job_id, report)
