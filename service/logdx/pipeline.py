@@ -29,6 +29,7 @@ from logdx.detect import DetectConfig, Detector
 from logdx.diagnose.cascade import Diagnoser
 from logdx.diagnose.fusion import FusionWeights
 from logdx.diagnose.rules import RuleSet, default_rules_dir, load_rules
+from logdx.evidence import EvidenceRecorder
 from logdx.model import (
     FT,
     READ_AS_A_WHOLE,
@@ -273,6 +274,8 @@ class Session:
         self._normalize_s = 0.0
         self._compress_s = 0.0
         self._fed = 0
+        # The recent lines per source, for the evidence capsule (`record_evidence`); None: not kept.
+        self.recorder: EvidenceRecorder | None = None
 
     def feed(self, raw: bytes | str, source: Source | None = None) -> list[Event]:
         """One line in; returns the events it completed (most lines complete none)."""
@@ -292,8 +295,15 @@ class Session:
                 self._bound(rec)
         if self._scope is not None and rec.host is not None:
             self._vouch(rec.host)
+        if self.recorder is not None:
+            self.recorder.add(rec)
         kept = self.compressor.add(rec)
         return self._detect(kept) if kept else []
+
+    def record_evidence(self, context_lines: int, max_sources: int, near_s: float) -> EvidenceRecorder:
+        """Keep the recent lines of every source from now on, for an evidence capsule (`logdx.evidence`)."""
+        self.recorder = EvidenceRecorder(context_lines, max_sources, near_s)
+        return self.recorder
 
     def hint_year(self, year: int, month: int) -> None:
         """The year (and month) the log's first stamps without a year belong to, when the reader knows it:
@@ -324,6 +334,8 @@ class Session:
                 self._bound(rec)
         if self._scope is not None and rec.host is not None:
             self._vouch(rec.host)
+        if self.recorder is not None:
+            self.recorder.add(rec)
         return rec
 
     def _vouch(self, host: str) -> None:
@@ -406,6 +418,8 @@ class Session:
             hits = self.engine.rules.match(ev)
             if hits and hits[0].role == Role.ROOT_CAUSE:
                 self.root_cause_events.append(ev)
+                if self.recorder is not None:
+                    self.recorder.freeze(ev.anchor)
 
     @property
     def root_cause_seen(self) -> bool:

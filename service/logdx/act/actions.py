@@ -30,6 +30,7 @@ from logdx import tenancy
 from logdx.act.actuators import ACTUATORS, ActionFailed, NodeName, make_actuator
 from logdx.act.actuators.restart import hook_values, make_restart_hook
 from logdx.act.argv import HEALTH_CHECK_PLACEHOLDERS, fill_argv, parse_template
+from logdx.act.capsule import Capsule, CapsuleError, CapsuleWriter, Evidence
 from logdx.act.nodes import BreakerState, NodeBook
 from logdx.act.policy import (
     ALREADY_CORDONED,
@@ -159,7 +160,10 @@ class ActionsStatus:
 
 
 class Actions:
-    def __init__(self, db: Store, settings: ActionsSettings, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: Store, settings: ActionsSettings, clock: Callable[[], float] = time.time,
+                 capsules: CapsuleWriter | None = None) -> None:
+        """`capsules` writes the evidence capsule before a cordon (`Responder` always gives one; without it, as
+        for `actions.capsule.enabled: false`, no capsule is written)."""
         self.db = db
         migrate(db, "actions", MIGRATIONS, postgres=PG_MIGRATIONS)
         self.settings = settings
@@ -167,18 +171,20 @@ class Actions:
         self.nodes = NodeBook(db, settings, clock)
         self.actuator = make_actuator(settings)
         self.restart_hook = make_restart_hook(settings)
+        self.capsules = capsules if capsules is not None and capsules.enabled else None
         self.health_check = parse_template(settings.health_check_command, HEALTH_CHECK_PLACEHOLDERS) \
             if settings.health_check_command else None
 
     # -- the decision ---------------------------------------------------------------------------
 
     def apply(self, job_id: str, report: Report, restart: bool = True, *, verdict: RestartVerdict | None = None,
-              seen_hosts: Iterable[str] = ()) -> list[ActionRecord]:
+              seen_hosts: Iterable[str] = (), evidence: Evidence | None = None) -> list[ActionRecord]:
         """Act on a diagnosis; returns what was done (or would have been, or was refused). The same
         diagnosis of the same job is acted on once: a second call returns the first call's records.
 
         `restart=False` only cordons (`logdx run` restarts the job itself); `verdict` is the job's
-        history (`policy.restart_verdict`); `seen_hosts` are the job's hosts (the breaker's known nodes)."""
+        history (`policy.restart_verdict`); `seen_hosts` are the job's hosts (the breaker's known nodes); `evidence`
+        the lines the caller kept for the evidence capsule, written (and audited) before any cordon."""
         if report.status != "failed":
             return []
         key = action_key(job_id, report, self.settings.dry_run)
@@ -193,8 +199,12 @@ class Actions:
         out: list[ActionRecord] = []
         why = cordon_refusal(report, self.settings, escalated)
         if why is None:
+            capsule, missing = None, ""
+            if targets and self.actuator is not None and self.capsules is not None:
+                rec, capsule, missing = self._capsule(key, job_id, targets, report, escalated, evidence)
+                out.append(rec)
             for node in targets:
-                out.append(self._cordon(key, job_id, node, report, escalated))
+                out.append(self._cordon(key, job_id, node, report, escalated, capsule, missing))
         elif report.action == Action.CORDON_AND_RESTART or escalated:
             # Worth saying why a diagnosis that asks for a cordon touched nothing.
             outcome = "refused" if why.startswith((NODE_UNKNOWN, UNVERIFIED_HOST)) else "skipped"
@@ -235,9 +245,35 @@ class Actions:
         gpu, text = blamed
         return self.nodes.escalation(targets[0], gpu, report.failure_type or "", text)
 
+    # -- the evidence capsule -------------------------------------------------------------------
+
+    def _capsule(self, key: str, job_id: str, targets: list[NodeName], report: Report, escalated: str,
+                 evidence: Evidence | None) -> tuple[ActionRecord, Capsule | None, str]:
+        """Write the evidence capsule (`logdx.act.capsule`) and audit it, before any cordon's row: the record,
+        the capsule, and why it is missing ('' when it is not)."""
+        assert self.capsules is not None and self.actuator is not None
+        actuator = self.actuator
+        decision = {
+            "action": "cordon", "nodes": [str(n) for n in targets], "dry_run": self.settings.dry_run,
+            "actuator": actuator.name, "policy": "the safety policy allows the cordon (logdx.act.policy.cordon_refusal)",
+            "escalated": escalated, "would": [actuator.describe(n, job_id, report) for n in targets],
+            "category": report.category, "failure_type": report.failure_type, "action_recommended": report.action,
+            "confidence": report.confidence, "decided_by": report.decided_by, "culprits": report.culprits.model_dump(),
+            "min_confidence": self.settings.min_confidence,
+        }
+        try:
+            capsule = self.capsules.write(job_id, report, decision, [str(n) for n in targets], evidence)
+        except CapsuleError as e:
+            why = f"evidence capsule not written: {e}"[:2000]
+            log.warning("job %s: %s", job_id, why)
+            return self._audit(key, job_id, targets[0], "capsule", "logdx", "failed", why, report), None, why
+        rec = self._audit(key, job_id, targets[0], "capsule", "logdx", "ok", capsule.describe(), report)
+        return rec, capsule, ""
+
     # -- cordon ---------------------------------------------------------------------------------
 
-    def _cordon(self, key: str, job_id: str, node: NodeName, report: Report, escalated: str) -> ActionRecord:
+    def _cordon(self, key: str, job_id: str, node: NodeName, report: Report, escalated: str,
+                capsule: Capsule | None = None, missing: str = "") -> ActionRecord:
         s, actuator = self.settings, self.actuator
         if actuator is None:
             return self._audit(key, job_id, node, "cordon", NO_ACTUATOR, "skipped",
@@ -246,6 +282,10 @@ class Actions:
         if state == "cordoned":
             return self._audit(key, job_id, node, "cordon", actuator.name, "skipped",
                                f"{ALREADY_CORDONED} (by {by or 'logdx'})", report)
+        if missing and not s.capsule.act_without:
+            return self._audit(key, job_id, node, "cordon", actuator.name, "refused",
+                               f"{missing}; actions.capsule.act_without is false: no cordon without the evidence",
+                               report)
         # Reserve a slot under the limits, atomically with counting them.
         with self.db.transaction(lock=CORDON_LOCK):
             refused = self._limit_refusal(node)
@@ -255,10 +295,16 @@ class Actions:
             if not new:
                 return rec  # this very action was taken (or is being taken) already
         note = f" ({escalated})" if escalated else ""
+        if missing:
+            note += f" (without an evidence capsule, as actions.capsule.act_without allows: {missing})"
+        elif capsule is not None:
+            note += f" (evidence capsule sha256:{capsule.digest})"
+        digest = capsule.digest if capsule is not None else ""
         if s.dry_run:
-            return self._update(rec, "dry_run", "would " + actuator.describe(node, job_id, report) + note)
+            return self._update(rec, "dry_run", "would " + actuator.describe(node, job_id, report, capsule=digest)
+                                + note)
         try:
-            outcome, detail = "ok", actuator.cordon(node, job_id, report) + note
+            outcome, detail = "ok", actuator.cordon(node, job_id, report, capsule=digest) + note
         except Exception as e:  # noqa: BLE001 - audit every failure, whatever raised it
             outcome, detail = "failed", f"{type(e).__name__}: {e}"[:2000]
             log.warning("cordon of %s failed: %s", node, detail)

@@ -172,7 +172,10 @@ class Supervisor:
                 self.say(f"not cordoning {', '.join(excluded)}: no actuator configured (actions.actuator)")
             return
         response = r.respond(self._alert_id(a), a.report, restart=False, verdict=verdict_of(a, previous),
-                             seen_hosts=a.hosts, also_done=also)
+                             seen_hosts=a.hosts, also_done=also, evidence=a.evidence)
+        a.evidence = None  # written into the capsule, or not needed: the next attempt keeps its own
+        if response.report is not None:
+            a.report = response.report
         a.alert_queued = response.alert_queued
         for err in response.errors:
             self.say(err)
