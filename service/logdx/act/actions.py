@@ -19,6 +19,7 @@ count real cordons of distinct nodes; dry runs are audited as such and use none 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import subprocess
 import time
@@ -172,6 +173,9 @@ class Actions:
         self.actuator = make_actuator(settings)
         self.restart_hook = make_restart_hook(settings)
         self.capsules = capsules if capsules is not None and capsules.enabled else None
+        # A site's actuator written before the capsule existed is called as it was (without `capsule`).
+        self._names_capsule = self.actuator is not None and \
+            "capsule" in inspect.signature(self.actuator.cordon).parameters
         self.health_check = parse_template(settings.health_check_command, HEALTH_CHECK_PLACEHOLDERS) \
             if settings.health_check_command else None
 
@@ -299,12 +303,11 @@ class Actions:
             note += f" (without an evidence capsule, as actions.capsule.act_without allows: {missing})"
         elif capsule is not None:
             note += f" (evidence capsule sha256:{capsule.digest})"
-        digest = capsule.digest if capsule is not None else ""
+        named = {"capsule": capsule.digest} if capsule is not None and self._names_capsule else {}
         if s.dry_run:
-            return self._update(rec, "dry_run", "would " + actuator.describe(node, job_id, report, capsule=digest)
-                                + note)
+            return self._update(rec, "dry_run", "would " + actuator.describe(node, job_id, report, **named) + note)
         try:
-            outcome, detail = "ok", actuator.cordon(node, job_id, report, capsule=digest) + note
+            outcome, detail = "ok", actuator.cordon(node, job_id, report, **named) + note
         except Exception as e:  # noqa: BLE001 - audit every failure, whatever raised it
             outcome, detail = "failed", f"{type(e).__name__}: {e}"[:2000]
             log.warning("cordon of %s failed: %s", node, detail)
