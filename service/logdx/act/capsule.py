@@ -45,6 +45,7 @@ __all__ = ["Capsule", "CapsuleError", "CapsuleWriter", "Evidence", "META"]
 META = ".capsule"
 MANIFEST = f"{META}/manifest.json"
 _READ_CHUNK = 64 * 1024
+_MANIFEST_ENTRY = 200  # bytes a file takes in the manifest, at most (a name of up to ~100 characters, its sha256)
 
 
 class CapsuleError(Exception):
@@ -94,7 +95,7 @@ class CapsuleWriter:
             raise CapsuleError("actions.capsule.dir is not set")
         try:
             files, left_out = self._contents(job_id, report, decision, culprits, evidence or Evidence())
-            return _store(Path(s.dir), files, left_out)
+            return _store(Path(s.dir), files, left_out, s.max_bytes)
         except CapsuleError:
             raise
         except (OSError, ValueError) as e:
@@ -110,12 +111,15 @@ class CapsuleWriter:
             f"{META}/decision.json": (json.dumps({"job_id": job_id, **decision}, indent=2, sort_keys=True)
                                       + "\n").encode(),
         }
-        budget = s.max_bytes - sum(map(len, files.values())) - 64 * 1024  # room for the manifest
-        if budget < 0:
-            raise CapsuleError(f"the report alone is more than actions.capsule.max_bytes ({s.max_bytes})")
-        left_out: list[str] = []
         # The root's own stream and the culprit's kernel lines first, then the collector, then the other ranks.
         first, rest = self._streams(report, culprits, evidence.recorder)
+        # Room for the manifest: a line per file, and per file left out.
+        entries = len(first) + len(rest) + 2 * len(culprits) + len(evidence.dumps) + len(files) + 1
+        budget = s.max_bytes - sum(map(len, files.values())) - _MANIFEST_ENTRY * 2 * entries - 1024
+        if budget < 0:
+            raise CapsuleError(f"the report and the decision (and room for the manifest) are more than "
+                               f"actions.capsule.max_bytes ({s.max_bytes})")
+        left_out: list[str] = []
         root_line = report.root_cause.line_no if report.root_cause else 0
         for stream in first:
             budget = _add_lines(files, stream, root_line, budget, left_out)
@@ -304,12 +308,14 @@ def _manifest(files: dict[str, bytes], left_out: list[str]) -> bytes:
     return (json.dumps({"files": listing, "left_out": left_out}, indent=2, sort_keys=True) + "\n").encode()
 
 
-def _store(root: Path, files: dict[str, bytes], left_out: list[str]) -> Capsule:
+def _store(root: Path, files: dict[str, bytes], left_out: list[str], max_bytes: int) -> Capsule:
     """Write the files into a folder named by the manifest's sha256 (read-only); an existing one is the same."""
     manifest = _manifest(files, left_out)
     digest = hashlib.sha256(manifest).hexdigest()
     files = {**files, MANIFEST: manifest}
     size = sum(map(len, files.values()))
+    if size > max_bytes:  # the estimate of the manifest's size was short: never more than the cap
+        raise CapsuleError(f"{size} bytes, more than actions.capsule.max_bytes ({max_bytes})")
     final = root / digest
     if (final / MANIFEST).is_file() and (final / MANIFEST).read_bytes() == manifest:
         return Capsule(digest, final, size, tuple(left_out))

@@ -1,0 +1,222 @@
+"""The evidence capsule written before a node is touched (issue 32 item 4): the real `logdx run` on a
+generated Xid 79 job with a stand-in `scontrol` on PATH (recording its calls), the fake Kubernetes API
+server, a real collector script; `diagnose CAPSULE/` is the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from logdx.act.actions import Actions
+from logdx.act.capsule import MANIFEST, CapsuleWriter, run_bounded, verify
+from logdx.config import ActionsSettings, CapsuleSettings
+from logdx.store import open_db
+from logdx.testing import failed_report
+
+PY = sys.executable
+
+
+def _synth(path: Path, ranks: int, lines: int, seed: int = 7) -> dict:
+    truth = path.with_suffix(".truth.json")
+    subprocess.run([PY, "-m", "logdx.synth", "--scenario", "xid79", "--ranks", str(ranks), "--lines", str(lines),
+                    "--seed", str(seed), "-o", str(path), "--truth", str(truth)], check=True, capture_output=True)
+    return json.loads(truth.read_text())
+
+
+@pytest.fixture
+def scontrol(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "scontrol-calls.jsonl"
+    script = bindir / "scontrol"
+    script.write_text(f"#!{PY}\nimport json, sys\nopen({str(calls)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+
+    def read():
+        return [json.loads(x) for x in calls.read_text().splitlines()] if calls.exists() else []
+
+    return bindir, read
+
+
+def _collector(tmp_path: Path) -> Path:
+    """A stand-in for `ssh {host} nvidia-bug-report.sh`: says which host it ran against, and when."""
+    script = tmp_path / "bug-report"
+    script.write_text(f"#!{PY}\nimport sys\nprint('nvidia-bug-report for', sys.argv[1])\nprint('GPU 0: fallen off the bus')\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def _logdx_run(tmp_path: Path, log: Path, bindir: Path, config: str, *opts: str) -> tuple[dict, str]:
+    cfg = tmp_path / "logdx.yaml"
+    cfg.write_text(f"store: {{path: {tmp_path / 'logdx.db'}}}\n{config}")
+    history = tmp_path / "history.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOGDX_")}
+    env.update({"LOGDX_DATA_DIR": str(tmp_path / "data"), "NO_COLOR": "1",
+                "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"})
+    p = subprocess.run([PY, "-m", "logdx", "run", "--no-llm", "--no-retrieval", "--config", str(cfg),
+                        "--json-history", str(history), "--max-restarts", "0", "--root-cause-grace", "1",
+                        "--kill-grace", "2", "--job-id", "xid-demo", *opts, "--",
+                        PY, "-c", f"import shutil, sys; shutil.copyfileobj(open({str(log)!r}), sys.stdout); sys.exit(1)"],
+                       capture_output=True, timeout=300, env=env)
+    err = p.stderr.decode("utf-8", "replace")
+    assert history.exists(), err
+    return json.loads(history.read_text()), err
+
+
+def _diagnose(folder: Path) -> dict:
+    p = subprocess.run([PY, "-m", "logdx", "diagnose", str(folder), "--no-llm", "--no-retrieval", "--json", "--no-store"],
+                       capture_output=True, timeout=300, env={**os.environ, "NO_COLOR": "1"})
+    return json.loads(p.stdout)
+
+
+def _capsule_of(record: dict) -> Path:
+    detail = record["detail"]
+    assert detail.startswith("sha256:"), detail
+    return Path(detail.split(" at ", 1)[1].split(" (", 1)[0])
+
+
+SLURM = "actions: {actuator: slurm, slurm: {scontrol: scontrol}, capsule: {collector: ['%s', '{host}']}}\n"
+
+
+def test_logdx_run_writes_the_capsule_before_the_drain_and_the_capsule_diagnoses_the_same(tmp_path, scontrol):
+    bindir, calls = scontrol
+    log = tmp_path / "job.log"
+    truth = _synth(log, ranks=8, lines=20000)
+    history, err = _logdx_run(tmp_path, log, bindir, SLURM % _collector(tmp_path), "--no-dry-run")
+    [attempt] = history["attempts"]
+    report = attempt["report"]
+    culprit = report["culprits"]["hosts"]
+    assert report["failure_type"] == "gpu_fell_off_bus" and culprit == truth["culprit_hosts"], err
+    # The audit: the capsule's row, then the drain's.
+    db = open_db(tmp_path / "logdx.db")
+    audit = Actions(db, ActionsSettings(dry_run=False)).audit("xid-demo/attempt-1")
+    db.close()
+    assert [(a.action, a.node, a.outcome) for a in audit] == [("capsule", culprit[0], "ok"), ("cordon", culprit[0], "ok")]
+    assert audit[0].id < audit[1].id and audit[0].ts <= audit[1].ts
+    capsule = _capsule_of(audit[0].to_dict())
+    digest = capsule.name
+    # The drain's reason names the capsule; so does the alert's "what was done" (via the attempt's actions).
+    assert calls() == [["update", f"NodeName={culprit[0]}", "State=DRAIN",
+                        f"Reason=logdx: gpu_fell_off_bus xid-demo/attempt-1 capsule={digest[:16]}"]]
+    assert f"evidence capsule sha256:{digest}" in audit[1].detail
+    # Content-addressed and read-only.
+    assert capsule.parent == tmp_path / "data" / "capsules"
+    assert hashlib.sha256((capsule / MANIFEST).read_bytes()).hexdigest() == digest and verify(capsule) == []
+    files = [p for p in capsule.rglob("*") if p.is_file()]
+    assert files and all(not (p.stat().st_mode & 0o222) for p in files)
+    assert not (capsule.stat().st_mode & 0o222)
+    # What it holds: the report, the decision, every rank's lines around the root line, the kernel lines, the collector.
+    kept = json.loads((capsule / ".capsule" / "report.json").read_text())
+    assert kept["id"] == report["id"] and kept["root_cause"] == report["root_cause"]
+    decision = json.loads((capsule / ".capsule" / "decision.json").read_text())
+    assert decision["action"] == "cordon" and decision["nodes"] == culprit and decision["dry_run"] is False
+    assert decision["actuator"] == "slurm" and decision["job_id"] == "xid-demo/attempt-1"
+    kernel = (capsule / f"host={culprit[0]}.kernel.log").read_text()
+    assert report["root_cause"]["text"] in kernel.splitlines()
+    ranks = sorted(p.name for p in capsule.glob("rank-*.log"))
+    assert ranks == sorted(f"rank-{r}.log" for r in range(8))
+    for name in ranks:  # ±200 lines each: some before the root line, some after (every rank reported the failure)
+        assert 1 < len((capsule / name).read_text().splitlines()) <= 400
+    out = (capsule / ".capsule" / "collector" / f"{culprit[0]}.out").read_text()
+    assert out.startswith(f"nvidia-bug-report for {culprit[0]}\n")
+    assert json.loads((capsule / ".capsule" / "collector" / f"{culprit[0]}.json").read_text())["exit_code"] == 0
+    # The capsule alone gives the verdict again.
+    again = _diagnose(capsule)
+    assert (again["category"], again["failure_type"], again["culprits"]["hosts"], again["action"]) == \
+        (report["category"], report["failure_type"], culprit, report["action"])
+
+
+def test_the_capsule_stays_under_its_size_cap_on_a_long_wide_job(tmp_path, scontrol):
+    bindir, calls = scontrol
+    log = tmp_path / "job.log"
+    truth = _synth(log, ranks=64, lines=120000, seed=3)
+    cap = 256 * 1024
+    history, err = _logdx_run(tmp_path, log, bindir, "actions: {actuator: slurm, slurm: {scontrol: scontrol}, "
+                              f"capsule: {{max_bytes: {cap}}}}}\n")
+    [attempt] = history["attempts"]
+    capsule_row, cordon_row = attempt["actions"]
+    assert capsule_row["action"] == "capsule" and capsule_row["outcome"] == "ok", err
+    assert cordon_row["outcome"] == "dry_run" and calls() == []  # a dry run keeps the evidence too
+    capsule = _capsule_of(capsule_row)
+    size = sum(p.stat().st_size for p in capsule.rglob("*") if p.is_file())
+    assert size <= cap
+    manifest = json.loads((capsule / MANIFEST).read_text())
+    assert manifest["left_out"], "64 ranks × 400 lines do not fit in 256 KiB: the manifest says what was left out"
+    assert sum(f["bytes"] for f in manifest["files"].values()) + len((capsule / MANIFEST).read_bytes()) == size
+    # What is nearest the root line stays: the culprit's kernel lines, the root line itself.
+    [host] = truth["culprit_hosts"]
+    assert attempt["report"]["root_cause"]["text"] in (capsule / f"host={host}.kernel.log").read_text()
+    again = _diagnose(capsule)
+    assert (again["failure_type"], again["culprits"]["hosts"]) == ("gpu_fell_off_bus", [host])
+
+
+def test_a_cordon_whose_capsule_cannot_be_written_is_refused_unless_the_operator_allows_it(tmp_path, scontrol):
+    bindir, calls = scontrol
+    log = tmp_path / "job.log"
+    _synth(log, ranks=4, lines=4000)
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the capsules should go\n")
+    config = f"actions: {{actuator: slurm, slurm: {{scontrol: scontrol}}, capsule: {{dir: {blocked}%s}}}}\n"
+    history, err = _logdx_run(tmp_path, log, bindir, config % "", "--no-dry-run")
+    [attempt] = history["attempts"]
+    capsule_row, cordon_row = attempt["actions"]
+    assert (capsule_row["action"], capsule_row["outcome"]) == ("capsule", "failed"), err
+    assert capsule_row["detail"].startswith("evidence capsule not written:")
+    assert cordon_row["outcome"] == "refused" and "actions.capsule.act_without is false" in cordon_row["detail"]
+    assert calls() == []
+    assert any(n.startswith("evidence capsule not written") and "no cordon without it" in n
+               for n in attempt["report"]["notes"])
+    # The operator allows it: drained, and the audit and the notes say the evidence is missing.
+    (tmp_path / "logdx.db").unlink()
+    history, err = _logdx_run(tmp_path, log, bindir, config % ", act_without: true", "--no-dry-run")
+    capsule_row, cordon_row = history["attempts"][0]["actions"]
+    assert capsule_row["outcome"] == "failed" and cordon_row["outcome"] == "ok", err
+    assert "without an evidence capsule" in cordon_row["detail"]
+    [call] = calls()
+    assert "capsule=" not in call[3]
+    assert any("cordoned without it" in n for n in history["attempts"][0]["report"]["notes"])
+
+
+def test_the_kubernetes_cordon_annotates_the_node_with_the_capsule_and_uncordon_removes_it(tmp_path, receiver):
+    settings = ActionsSettings(dry_run=False, actuator="kubernetes",
+                               capsule=CapsuleSettings(dir=tmp_path / "capsules"))
+    with receiver.FakeKube(nodes=["node-17", "node-18"]) as kube:
+        settings.kubernetes.api = kube.url
+        db = open_db(tmp_path / "logdx.db")
+        actions = Actions(db, settings, capsules=CapsuleWriter(settings.capsule))
+        capsule_row, cordon_row = actions.apply("job-1", failed_report(hosts=("node-17",)))
+        assert (capsule_row.action, capsule_row.outcome, cordon_row.outcome) == ("capsule", "ok", "ok")
+        digest = _capsule_of(capsule_row.to_dict()).name
+        annotations = kube.nodes["node-17"]["metadata"]["annotations"]
+        assert annotations["logdx.io/capsule"] == f"sha256:{digest}"
+        # Without the job's lines (the report alone), the capsule still holds the root line and the report.
+        capsule = tmp_path / "capsules" / digest
+        assert verify(capsule) == [] and (capsule / ".capsule" / "report.json").is_file()
+        assert actions.uncordon("node-17", "carol").outcome == "ok"
+        assert "logdx.io/capsule" not in kube.nodes["node-17"]["metadata"]["annotations"]
+        # The same diagnosis again: the same rows, nothing written or patched twice.
+        assert [r.id for r in actions.apply("job-1", failed_report(hosts=("node-17",)))] == \
+            [capsule_row.id, cordon_row.id]
+        db.close()
+
+
+def test_the_collector_is_bounded_in_time_and_output(tmp_path):
+    chatty = [PY, "-c", "import sys, time\nsys.stdout.write('x' * 100000)\nsys.stdout.flush()\ntime.sleep(30)"]
+    out, note = run_bounded(chatty, timeout_s=1.0, max_bytes=1000)
+    assert out == b"x" * 1000 and note["bytes_dropped"] == 99000 and "truncated" in note
+    assert note["exit_code"] is None and "timed out" in note["error"] and note["seconds"] < 10
+    out, note = run_bounded([str(tmp_path / "no-such-collector")], timeout_s=1.0, max_bytes=1000)
+    assert out == b"" and note["error"].startswith("cannot run")
+
+
+def test_capsule_settings_refuse_a_collector_that_a_shell_would_parse():
+    with pytest.raises(ValueError, match="placeholder"):
+        CapsuleSettings(collector=["sh", "-c", "ssh {host} nvidia-bug-report.sh"])
+    assert CapsuleSettings(collector=["ssh", "{host}", "nvidia-bug-report.sh"]).collector[1] == "{host}"
