@@ -50,22 +50,29 @@ class EvidenceRecorder:
         self.context_lines = max(1, context_lines)
         self.max_sources = max_sources
         self.near_s = near_s
-        self.tails: dict[str, deque[Record]] = {}
+        self.tails: dict[str, deque[Record]] = {}  # by `Record.source_key`
+        self._ranks: dict[int, deque[Record]] = {}  # the same rings of the ranks, by rank number
         self.kernel: dict[str, deque[Record]] = {}  # per host
         self.windows: list[Window] = []
         self._open: list[Window] = []
 
     def add(self, rec: Record) -> None:
-        """One line (the hot path: keep it small)."""
-        key = rec.source_key
-        tail = self.tails.get(key)
-        if tail is None:
-            tail = self._new_tail(key)
+        """One line (the hot path: a rank's line costs a dict lookup by its number and a deque append)."""
+        rank = rec.rank
+        if rank is not None:
+            tail = self._ranks.get(rank)
+            if tail is None:
+                tail = self._ranks[rank] = self._new_tail(rec.source_key)
+        else:
+            key = rec.source_key
+            tail = self.tails.get(key)
+            if tail is None:
+                tail = self._new_tail(key)
+            if rec.host is not None and is_kernel_line(rec.raw):
+                self._kernel_line(rec.host, rec)
         tail.append(rec)
-        if rec.rank is None and rec.host is not None and is_kernel_line(rec.raw):
-            self._kernel_line(rec.host, rec)
         if self._open:
-            self._collect(key, rec)
+            self._collect(rec.source_key, rec)
 
     def _new_tail(self, key: str) -> deque[Record]:
         if len(self.tails) >= self.max_sources:
