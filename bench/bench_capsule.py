@@ -20,12 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_core import make_log  # noqa: E402
-
-from logdx.act.capsule import CapsuleWriter, Evidence  # noqa: E402
-from logdx.config import Settings  # noqa: E402
-from logdx.normalize import Source  # noqa: E402
-from logdx.pipeline import Engine, Session  # noqa: E402
+from bench_core import make_log
+from logdx.act.capsule import CapsuleWriter, Evidence
+from logdx.config import Settings
+from logdx.normalize import Source
+from logdx.pipeline import Engine, Session
 
 
 def run_once(engine: Engine, lines: list[bytes], record: bool) -> tuple[float, Session]:

@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,42 @@ def test_capsule_settings_refuse_a_collector_that_a_shell_would_parse():
     with pytest.raises(ValueError, match="placeholder"):
         CapsuleSettings(collector=["sh", "-c", "ssh {host} nvidia-bug-report.sh"])
     assert CapsuleSettings(collector=["ssh", "{host}", "nvidia-bug-report.sh"]).collector[1] == "{host}"
+
+
+@pytest.mark.integration
+def test_logdx_serve_writes_the_capsule_with_the_jobs_lines_before_the_kubernetes_cordon(tmp_path, receiver):
+    from api_server import Server
+
+    log = tmp_path / "job.log"
+    truth = _synth(log, ranks=4, lines=6000)
+    [host] = truth["culprit_hosts"]
+    with receiver.FakeKube(nodes=[host, "node-99"]) as kube:
+        srv = Server(tmp_path / "srv", extra={"actions": {"dry_run": False, "actuator": "kubernetes",
+                                                          "kubernetes": {"api": kube.url}, "cluster_size": 20}}).start()
+        try:
+            with srv.client() as c:
+                r = c.post("/v1/jobs/serve-1/logs", content=log.read_bytes(), headers={"x-logdx-stream": "stdout"})
+                assert r.status_code == 200, r.text
+                r = c.post("/v1/jobs/serve-1/end", json={"exit_code": 1})
+                assert r.status_code == 200, r.text
+                assert r.json()["culprits"]["hosts"] == [host]
+
+                def rows() -> list[dict] | None:
+                    audit = c.get("/v1/actions", params={"limit": 100}).json()["audit"]
+                    done = [a for a in audit if a["job_id"] == "serve-1"]
+                    return done if any(a["action"] == "cordon" and a["outcome"] != "pending" for a in done) else None
+
+                deadline = time.monotonic() + 120
+                while (audit := rows()) is None and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert audit is not None
+                page = c.get("/jobs/serve-1")
+        finally:
+            srv.stop()
+        assert [(a["action"], a["node"], a["outcome"]) for a in audit] == [("capsule", host, "ok"), ("cordon", host, "ok")]
+        capsule = _capsule_of(audit[0])
+        assert kube.nodes[host]["metadata"]["annotations"]["logdx.io/capsule"] == f"sha256:{capsule.name}"
+    assert verify(capsule) == [] and sorted(p.name for p in capsule.glob("rank-*.log")) == [f"rank-{i}.log" for i in range(4)]
+    assert page.status_code == 200 and capsule.name in page.text  # the job page lists it with the actions
+    again = _diagnose(capsule)
+    assert (again["failure_type"], again["culprits"]["hosts"]) == ("gpu_fell_off_bus", [host])

@@ -56,6 +56,23 @@ class EvidenceRecorder:
         self.windows: list[Window] = []
         self._open: list[Window] = []
 
+    # A session moving to another process (`Session.snapshot`) leaves its rings behind: they are rebuilt there
+    # from the lines it reads next (a replayed spool refills them), and the snapshot stays small.
+    def __getstate__(self) -> dict[str, object]:
+        return {"context_lines": self.context_lines, "max_sources": self.max_sources, "near_s": self.near_s}
+
+    def __setstate__(self, state: dict[str, float]) -> None:
+        self.__init__(int(state["context_lines"]), int(state["max_sources"]), float(state["near_s"]))  # type: ignore[misc]
+
+    def copy(self) -> EvidenceRecorder:
+        """What it holds now, apart from the lines that come next (the capsule is written by another thread)."""
+        out = EvidenceRecorder(self.context_lines, self.max_sources, self.near_s)
+        out.tails = {k: deque(v, maxlen=self.context_lines) for k, v in self.tails.items()}
+        out.kernel = {k: deque(v, maxlen=KERNEL_LINES_PER_HOST) for k, v in self.kernel.items()}
+        out.windows = [Window(w.root, {k: list(v) for k, v in w.before.items()},
+                              {k: list(v) for k, v in w.after.items()}, open=False) for w in self.windows]
+        return out
+
     def add(self, rec: Record) -> None:
         """One line (the hot path: a rank's line costs a dict lookup by its number and a deque append)."""
         rank = rec.rank

@@ -150,13 +150,18 @@ class Engine:
         if self.incidents is not None:
             self.incidents.save_report(report.model_dump(mode="json"), context=context)
 
-    def new_session(self, *, live: bool = False, vouching: bool = False) -> Session:
+    def new_session(self, *, live: bool = False, vouching: bool = False, evidence: bool = False) -> Session:
         """A job's session. `live`: its lines are read as they are written (the service's streams, `logdx
         run`'s child), so a stamp without a year is of this year; otherwise such a stamp waits for a line
         that says the year (or the reader's `Session.hint_year`). `vouching`: its lines come from senders who
         may speak for some hosts only (`Source.scope`): a host is trusted as the job's when one of them named
-        it (else every host the lines name is: the reader's own files)."""
+        it (else every host the lines name is: the reader's own files). `evidence`: keep the recent lines for
+        the evidence capsule (`logdx.evidence`), when an actuator is configured and `actions.capsule.enabled`."""
         session = Session(self)
+        capsule = self.settings.actions.capsule
+        if evidence and capsule.enabled and self.settings.actions.actuator_settings() is not None:
+            # Lines are kept for the evidence capsule only where a cordon may follow.
+            session.record_evidence(capsule.context_lines, capsule.max_sources, capsule.near_s)
         if vouching:
             session.trusted = set()
         if live:

@@ -74,13 +74,11 @@ class AttemptRunner:
         self.sup = sup
         self.attempt = attempt
         self.env = env
-        self.session = sup.engine.new_session(live=True)
-        capsule = sup.engine.settings.actions.capsule
-        if capsule.enabled and sup.engine.settings.actions.actuator_settings() is not None:
+        self.session = sup.engine.new_session(live=True, evidence=True)
+        if self.session.recorder is not None:
             from logdx.act.capsule import Evidence
 
-            attempt.evidence = Evidence(recorder=self.session.record_evidence(
-                capsule.context_lines, capsule.max_sources, capsule.near_s))
+            attempt.evidence = Evidence(recorder=self.session.recorder)
         self.watch = Watch()
         # At most 4096 chunks of 64 kB: a burst the pipeline cannot keep up with waits here
         # instead of slowing the job down (the job is only held back beyond that).
