@@ -140,7 +140,7 @@ def test_the_capsule_stays_under_its_size_cap_on_a_long_wide_job(tmp_path, scont
     truth = _synth(log, ranks=64, lines=120000, seed=3)
     cap = 256 * 1024
     history, err = _logdx_run(tmp_path, log, bindir, "actions: {actuator: slurm, slurm: {scontrol: scontrol}, "
-                              f"capsule: {{max_bytes: {cap}}}}}\n")
+                              f"capsule: {{max_bytes: {cap}, collector: ['{_collector(tmp_path)}', '{{host}}']}}}}\n")
     [attempt] = history["attempts"]
     capsule_row, cordon_row = attempt["actions"]
     assert capsule_row["action"] == "capsule" and capsule_row["outcome"] == "ok", err
@@ -153,6 +153,9 @@ def test_the_capsule_stays_under_its_size_cap_on_a_long_wide_job(tmp_path, scont
     assert sum(f["bytes"] for f in manifest["files"].values()) + len((capsule / MANIFEST).read_bytes()) == size
     # What is nearest the root line stays: the culprit's kernel lines, the root line itself.
     [host] = truth["culprit_hosts"]
+    # A dry run touches no node: the collector is not run, and the capsule says so.
+    assert (capsule / ".capsule" / "collector" / f"{host}.out").read_bytes() == b""
+    assert json.loads((capsule / ".capsule" / "collector" / f"{host}.json").read_text())["error"].startswith("dry run")
     assert attempt["report"]["root_cause"]["text"] in (capsule / f"host={host}.kernel.log").read_text()
     again = _diagnose(capsule)
     assert (again["failure_type"], again["culprits"]["hosts"]) == ("gpu_fell_off_bus", [host])

@@ -204,7 +204,7 @@ class Actions:
         why = cordon_refusal(report, self.settings, escalated)
         if why is None:
             capsule, missing = None, ""
-            if targets and self.actuator is not None and self.capsules is not None:
+            if self.actuator is not None and self.capsules is not None and any(map(self._may_cordon, targets)):
                 rec, capsule, missing = self._capsule(key, job_id, targets, report, escalated, evidence)
                 out.append(rec)
             for node in targets:
@@ -251,6 +251,18 @@ class Actions:
 
     # -- the evidence capsule -------------------------------------------------------------------
 
+    def _may_cordon(self, node: NodeName) -> bool:
+        """Whether a cordon of `node` would get past its state and the cluster-wide limits as they stand (read
+        only; `_cordon` decides under the lock): a capsule is written only for a cordon that may happen."""
+        s = self.settings
+        if self.nodes.state_of(node)[0] == "cordoned":
+            return False
+        breaker = self.nodes.breaker()
+        if breaker.open or budget_refusal(node, self._recent_cordons(s.window_s), s) is not None:
+            return False
+        window = min(s.breaker_window_s, self.clock() - breaker.since) if breaker.since else s.breaker_window_s
+        return breaker_refusal(node, self._recent_cordons(window), self.nodes.known_count(), s) is None
+
     def _capsule(self, key: str, job_id: str, targets: list[NodeName], report: Report, escalated: str,
                  evidence: Evidence | None) -> tuple[ActionRecord, Capsule | None, str]:
         """Write the evidence capsule (`logdx.act.capsule`) and audit it, before any cordon's row: the record,
@@ -266,7 +278,8 @@ class Actions:
             "min_confidence": self.settings.min_confidence,
         }
         try:
-            capsule = self.capsules.write(job_id, report, decision, [str(n) for n in targets], evidence)
+            capsule = self.capsules.write(job_id, report, decision, [str(n) for n in targets], evidence,
+                                          collect=not self.settings.dry_run)
         except CapsuleError as e:
             why = f"evidence capsule not written: {e}"[:2000]
             log.warning("job %s: %s", job_id, why)

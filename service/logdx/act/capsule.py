@@ -88,13 +88,14 @@ class CapsuleWriter:
         return self.settings.enabled
 
     def write(self, job_id: str, report: Report, decision: dict[str, Any], culprits: Sequence[str],
-              evidence: Evidence | None) -> Capsule:
-        """Write the capsule of this diagnosis; `CapsuleError` says why it could not be."""
+              evidence: Evidence | None, *, collect: bool = True) -> Capsule:
+        """Write the capsule of this diagnosis; `CapsuleError` says why it could not be. `collect=False` (a dry
+        run: nothing touches the nodes) leaves the collector unrun, and the capsule says what it would run."""
         s = self.settings
         if s.dir is None:
             raise CapsuleError("actions.capsule.dir is not set")
         try:
-            files, left_out = self._contents(job_id, report, decision, culprits, evidence or Evidence())
+            files, left_out = self._contents(job_id, report, decision, culprits, evidence or Evidence(), collect)
             return _store(Path(s.dir), files, left_out, s.max_bytes)
         except CapsuleError:
             raise
@@ -104,7 +105,7 @@ class CapsuleWriter:
     # -- what goes in ---------------------------------------------------------------------------
 
     def _contents(self, job_id: str, report: Report, decision: dict[str, Any], culprits: Sequence[str],
-                  evidence: Evidence) -> tuple[dict[str, bytes], list[str]]:
+                  evidence: Evidence, collect: bool) -> tuple[dict[str, bytes], list[str]]:
         s = self.settings
         files: dict[str, bytes] = {
             f"{META}/report.json": (report.model_dump_json(indent=2) + "\n").encode(),
@@ -124,7 +125,7 @@ class CapsuleWriter:
         for stream in first:
             budget = _add_lines(files, stream, root_line, budget, left_out)
         for host in culprits:
-            out, note = self._collect(host, max(0, min(budget, s.collector_max_bytes)))
+            out, note = self._collect(host, max(0, min(budget, s.collector_max_bytes)), collect)
             if out is not None:
                 files[f"{META}/collector/{_safe(host)}.out"] = out
                 files[f"{META}/collector/{_safe(host)}.json"] = (json.dumps(note, indent=2) + "\n").encode()
@@ -175,12 +176,14 @@ class CapsuleWriter:
         head = [st for st in streams[:1] if st.distance < 0]
         return [*head, *kernel], streams[len(head):]
 
-    def _collect(self, host: str, max_bytes: int) -> tuple[bytes | None, dict[str, Any]]:
+    def _collect(self, host: str, max_bytes: int, collect: bool) -> tuple[bytes | None, dict[str, Any]]:
         """Run `actions.capsule.collector` against `host` (bounded in time and output)."""
         s = self.settings
         if not s.collector:
             return None, {}
         argv = fill_argv(s.collector, {"host": host})
+        if not collect:
+            return b"", {"argv": argv, "exit_code": None, "error": "dry run: the collector was not run"}
         return run_bounded(argv, s.collector_timeout_s, max_bytes)
 
 
