@@ -263,3 +263,25 @@ def test_logdx_serve_writes_the_capsule_with_the_jobs_lines_before_the_kubernete
     assert page.status_code == 200 and capsule.name in page.text  # the job page lists it with the actions
     again = _diagnose(capsule)
     assert (again["failure_type"], again["culprits"]["hosts"]) == ("gpu_fell_off_bus", [host])
+
+
+def test_a_process_stopped_between_the_capsule_and_the_cordon_cordons_on_the_next_try(tmp_path, receiver):
+    from logdx.act.actions import action_key
+    from logdx.act.actuators import NodeName
+
+    settings = ActionsSettings(dry_run=False, actuator="kubernetes", capsule=CapsuleSettings(dir=tmp_path / "capsules"))
+    report = failed_report(hosts=("node-17",))
+    with receiver.FakeKube(nodes=["node-17"]) as kube:
+        settings.kubernetes.api = kube.url
+        db = open_db(tmp_path / "logdx.db")
+        first = Actions(db, settings, capsules=CapsuleWriter(settings.capsule))
+        # What a process that stopped right after auditing the capsule left behind: its row, no cordon.
+        key = action_key("job-1", report, dry_run=False)
+        written, _, _ = first._capsule(key, "job-1", [NodeName("node-17")], report, "", None)
+        assert kube.nodes["node-17"]["spec"].get("unschedulable") is not True
+        again = Actions(db, settings, capsules=CapsuleWriter(settings.capsule)).apply("job-1", report)
+        assert [(r.action, r.outcome) for r in again] == [("capsule", "ok"), ("cordon", "ok")]
+        assert again[0].id == written.id  # the same capsule stands: written once
+        digest = _capsule_of(written.to_dict()).name
+        assert kube.nodes["node-17"]["metadata"]["annotations"]["logdx.io/capsule"] == f"sha256:{digest}"
+        db.close()

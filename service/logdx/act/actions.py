@@ -25,6 +25,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from logdx import tenancy
@@ -193,8 +194,9 @@ class Actions:
             return []
         key = action_key(job_id, report, self.settings.dry_run)
         done = self.by_key(key)
-        if done:
+        if done and any(r.action != "capsule" for r in done):
             return done
+        # (only the evidence capsule's row: a process stopped between it and the cordon; the cordon is still to do)
         self.nodes.seen(seen_hosts)
         report = self._placed(job_id, report)
         # A claimed host's history is not written: another tenant's node would read as blamed.
@@ -269,6 +271,13 @@ class Actions:
         the capsule, and why it is missing ('' when it is not)."""
         assert self.capsules is not None and self.actuator is not None
         actuator = self.actuator
+        kept = [r for r in self.by_key(key) if r.action == "capsule"]
+        if kept:  # written before a restart: the same capsule stands for this diagnosis
+            rec = kept[0]
+            if rec.outcome != "ok":
+                return rec, None, rec.detail
+            digest, _, rest = rec.detail.removeprefix("sha256:").partition(" at ")
+            return rec, Capsule(digest, Path(rest.rsplit(" (", 1)[0]), 0), ""
         decision = {
             "action": "cordon", "nodes": [str(n) for n in targets], "dry_run": self.settings.dry_run,
             "actuator": actuator.name, "policy": "the safety policy allows the cordon (logdx.act.policy.cordon_refusal)",
