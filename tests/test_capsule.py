@@ -285,3 +285,18 @@ def test_a_process_stopped_between_the_capsule_and_the_cordon_cordons_on_the_nex
         digest = _capsule_of(written.to_dict()).name
         assert kube.nodes["node-17"]["metadata"]["annotations"]["logdx.io/capsule"] == f"sha256:{digest}"
         db.close()
+
+
+def test_capsules_older_than_their_retention_go(tmp_path):
+    from logdx.act.capsule import expire_capsules
+
+    writer = CapsuleWriter(CapsuleSettings(dir=tmp_path / "capsules"))
+    old = writer.write("job-1", failed_report(hosts=("node-17",)), {"action": "cordon"}, ["node-17"], None)
+    new = writer.write("job-2", failed_report(hosts=("node-18",)), {"action": "cordon"}, ["node-18"], None)
+    assert old.digest != new.digest
+    os.utime(old.path / MANIFEST, (1_000_000.0, 1_000_000.0))
+    stale = tmp_path / "capsules" / ".tmp-crashed"  # a write a crash left unfinished
+    stale.mkdir()
+    os.utime(stale, (1_000_000.0, 1_000_000.0))
+    assert expire_capsules(tmp_path / "capsules", cutoff=2_000_000.0) == 1
+    assert not old.path.exists() and not stale.exists() and verify(new.path) == []

@@ -394,6 +394,8 @@ class RetentionSettings(Section):
     alerts_days: float = Field(30.0, ge=0, description="delivered or given-up alerts in the outbox")
     audit_days: float = Field(
         90.0, ge=0, description="the action audit; never less than actions.window_s, which the cordon budget reads")
+    capsules_days: float = Field(90.0, ge=0, description="evidence capsules (actions.capsule.dir), after they were "
+                                 "written")
     sweep_interval_s: float = Field(3600.0, gt=0, description="how often the sweep runs (and once at start-up)")
 
 

@@ -40,7 +40,7 @@ from logdx.config import CapsuleSettings
 from logdx.evidence import EvidenceRecorder, Window
 from logdx.model import Record
 
-__all__ = ["Capsule", "CapsuleError", "CapsuleWriter", "Evidence", "META"]
+__all__ = ["META", "Capsule", "CapsuleError", "CapsuleWriter", "Evidence", "expire_capsules", "run_bounded", "verify"]
 
 META = ".capsule"
 MANIFEST = f"{META}/manifest.json"
@@ -370,3 +370,22 @@ def verify(path: Path) -> list[str]:
     present = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()} - {MANIFEST}
     problems += [f"{name}: not in the manifest" for name in sorted(present - set(listed))]
     return problems
+
+
+def expire_capsules(root: Path, cutoff: float) -> int:
+    """Delete the capsules (and unfinished writes) under `root` written before `cutoff`; how many went."""
+    if not root.is_dir():
+        return 0
+    gone = 0
+    for folder in root.iterdir():
+        if not folder.is_dir() or folder.is_symlink():
+            continue
+        stamp = folder / MANIFEST if (folder / MANIFEST).is_file() else folder
+        try:
+            written = stamp.stat().st_mtime
+        except OSError:
+            continue
+        if written < cutoff:
+            _remove(folder)
+            gone += not folder.name.startswith(".tmp-")
+    return gone
