@@ -300,3 +300,31 @@ def test_capsules_older_than_their_retention_go(tmp_path):
     os.utime(stale, (1_000_000.0, 1_000_000.0))
     assert expire_capsules(tmp_path / "capsules", cutoff=2_000_000.0) == 1
     assert not old.path.exists() and not stale.exists() and verify(new.path) == []
+
+
+def test_each_stream_file_is_named_so_the_folder_reader_gives_it_its_rank_or_host(tmp_path, engine):
+    from logdx.act.capsule import Evidence
+    from logdx.cli.inputs import collect
+    from logdx.config import InputSettings
+    from logdx.normalize import Source
+
+    session = engine.new_session()
+    recorder = session.record_evidence(context_lines=50, max_sources=64, near_s=600)
+    lines = [
+        (Source(host="gpu-node-03", rank=None), "[rank5]: step 10 loss 2.1"),
+        (Source(host="gpu-node-03", rank=None), "Jun 30 14:14:40 gpu-node-03 kernel: NVRM: Xid (PCI:0000:87:00): 79, "
+                                                "pid=11, name=python, GPU has fallen off the bus."),
+        (Source(host="gpu-node-03", rank=None), "kubelet: container restarted"),
+        (None, "srun: error: task 3 launch failed"),
+    ]
+    for source, line in lines:
+        session.feed(line, source)
+    report = session.report(exit_code=1)
+    capsule = CapsuleWriter(CapsuleSettings(dir=tmp_path / "capsules")).write(
+        "job-1", report, {"action": "cordon"}, ["gpu-node-03"], Evidence(recorder=recorder))
+    found = collect([str(capsule.path)], InputSettings())
+    files = {f.shown.removeprefix(str(capsule.path) + "/"): (f.host, f.rank) for f in found}
+    assert files == {"rank-5.log": (None, 5), "host=gpu-node-03.kernel.log": ("gpu-node-03", None),
+                     "host=gpu-node-03.log": ("gpu-node-03", None), "job.log": (None, None)}
+    assert "Xid" in (capsule.path / "host=gpu-node-03.kernel.log").read_text()
+    assert "Xid" not in (capsule.path / "host=gpu-node-03.log").read_text()  # each line once

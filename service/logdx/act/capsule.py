@@ -7,7 +7,8 @@ folders are written read-only. `diagnose CAPSULE/` reads its log files as a job'
 verdict again:
 
     CAPSULE/rank-3.log              the lines of rank 3 around the root line (±actions.capsule.context_lines)
-    CAPSULE/host=gpu-7.log          the lines of a host's own stream (no rank)
+    CAPSULE/host=gpu-7.log          the lines of a host's own stream (no rank; host=gpu-7/local_rank-N.log: by
+                                    local rank)
     CAPSULE/host=gpu-7.kernel.log   the culprit host's kernel lines ±actions.capsule.kernel_window_s
     CAPSULE/job.log                 lines that name neither
     CAPSULE/.capsule/report.json    the report; decision.json: what the policy decided and what the actuator
@@ -267,9 +268,10 @@ def _file_name(key: str, lines: list[Record]) -> str:
         return f"rank-{key[1:]}.log"
     if key.startswith("h"):
         host, _, local = key[1:].rpartition(":")
-        return f"host={_safe(host)}.log" if not local else f"host={_safe(host)}.local-{_safe(local)}.log"
+        # A host's local rank: a folder named for the host (a file name would be read as the host's name).
+        return f"host={_safe(host)}.log" if not local else f"host={_safe(host)}/local_rank-{_safe(local)}.log"
     if key.startswith("l") and key[1:].isdigit():
-        return f"job.local-{key[1:]}.log"
+        return f"job.local_rank-{key[1:]}.log"
     return "job.log"
 
 
