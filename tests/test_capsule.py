@@ -328,3 +328,16 @@ def test_each_stream_file_is_named_so_the_folder_reader_gives_it_its_rank_or_hos
                      "host=gpu-node-03.log": ("gpu-node-03", None), "job.log": (None, None)}
     assert "Xid" in (capsule.path / "host=gpu-node-03.kernel.log").read_text()
     assert "Xid" not in (capsule.path / "host=gpu-node-03.log").read_text()  # each line once
+
+
+def test_a_session_snapshot_leaves_the_rings_behind_and_the_restored_session_records_again(engine):
+    from logdx.pipeline import Session
+
+    session = engine.new_session()
+    session.record_evidence(context_lines=50, max_sources=64, near_s=600)
+    for i in range(5000):
+        session.feed(f"[rank{i % 8}]: iteration {i} | lm loss: 2.{i % 10} | padding {'x' * 100}")
+    restored = Session.restore(engine, session.snapshot())
+    assert restored.recorder is not None and restored.recorder.tails == {} and restored.recorder.context_lines == 50
+    restored.feed("[rank3]: iteration 5000 | lm loss: 2.0")
+    assert [r.text for r in restored.recorder.tails["r3"]] == ["iteration 5000 | lm loss: 2.0"]
