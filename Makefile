@@ -14,7 +14,7 @@ TYPED := service/logdx
 # The slowest tests, listed at the end of `make test` (pytest's --durations).
 SLOWEST ?= 15
 
-.PHONY: all install model browser shippers demo test test-fast test-slow lock eval eval-quick eval-buried eval-jobs bench bench-serve bench-page lint clean catalog
+.PHONY: all install model browser shippers demo test test-fast test-slow lock eval eval-quick eval-gpualert eval-buried eval-jobs bench bench-serve bench-page lint clean catalog
 
 all: test
 
@@ -104,6 +104,13 @@ EVAL_SETS ?= eval/corpus $(SHARED)/failures-dev
 EVAL_ARGS ?=
 eval: install
 	$(PY) -m logdx.evaluate $(EVAL_SETS) --stages $(EVAL_ARGS)
+	@$(MAKE) --no-print-directory eval-gpualert
+
+# The public GPUAlert corpus (github.com/Parv-01/gpualert-eval, MIT), from a clone of it: never committed here.
+GPUALERT ?= .cache/gpualert-eval
+eval-gpualert: $(STAMP)
+	@if [ -e $(GPUALERT) ]; then $(PY) eval/gpualert/score.py $(GPUALERT); else \
+	  echo "eval-gpualert: no clone at $(GPUALERT): git clone https://github.com/Parv-01/gpualert-eval $(GPUALERT) (skipped)"; fi
 
 eval-quick: install
 	$(PY) -m logdx.evaluate $(EVAL_SETS) --quick $(EVAL_ARGS)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from logdx.synth import generate
 from logdx.synth.generate import Truth
 from logdx.web.render import Done, render_job_page
 from logdx.web.view import build_view
+from per_host_logs import CULPRIT, HOSTS, write_host_files
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +47,9 @@ if CHROMIUM is None or sync_playwright is None:
 ARTIFACTS = Path(os.environ.get("LOGDX_TEST_ARTIFACTS") or REPO / ".cache" / "test-artifacts")
 OPERATOR = "secret-of-oncall-0123456789abcdef"
 RANKS, GPUS_PER_HOST = 32, 8
+PHONE = {"width": 390, "height": 844}
+# A job id as `diagnose DIR` or a scheduler makes them: long, one word, nowhere to break.
+LONG_JOB = "pretrain-llama-70b-stage2-lr3e-4-bs2048-a100-eu-west-4-pool-b-run-0042"
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +70,11 @@ def app(tmp_path_factory: pytest.TempPathFactory, job: tuple[bytes, Truth]) -> I
             assert c.post("/v1/jobs/train-7b/logs", content=job[0],
                           headers={"content-type": "text/plain"}).status_code == 200
             assert c.post("/v1/jobs/train-7b/end", json={}).status_code == 200
+            # Each node's own file, as a collector ships them: its lines name no rank, the header its host.
+            for path in write_host_files(tmp_path_factory.mktemp("hosts")):
+                assert c.post(f"/v1/jobs/{LONG_JOB}/logs", content=path.read_bytes(),
+                              headers={"content-type": "text/plain", "x-logdx-host": path.stem}).status_code == 200
+            assert c.post(f"/v1/jobs/{LONG_JOB}/end", json={}).status_code == 200
         yield app
 
 
@@ -104,8 +115,8 @@ def _watched(browser: Browser, host: str | None) -> Watched:
     return Watched(browser.new_page(viewport={"width": 1400, "height": 1000}), host)
 
 
-def _signed_in(browser: Browser, app: LoopbackApp) -> Watched:
-    w = _watched(browser, urlsplit(app.url).netloc)
+def _signed_in(browser: Browser, app: LoopbackApp, viewport: dict[str, int] | None = None) -> Watched:
+    w = Watched(browser.new_page(viewport=viewport or {"width": 1400, "height": 1000}), urlsplit(app.url).netloc)
     w.page.goto(f"{app.url}/jobs/train-7b")
     assert "/login" in w.page.url  # no session yet: the login form, no token in any URL
     w.page.fill("input[name=token]", OPERATOR)
@@ -207,3 +218,124 @@ def test_the_single_file_opens_from_disk_and_asks_nothing(browser: Browser, job:
     assert page.locator("#root-line pre").inner_text().strip() == truth.root_line
     assert page.locator("#root-marker").is_visible()
     no_js.close()
+
+
+# -- issue 33: the page's papercuts ------------------------------------------------------------------
+
+
+def _root_line_shown(page: Page) -> bool:
+    """The root line lies inside the visible part of its context box (opened on it, not below its fold)."""
+    return bool(page.locator("pre.context").evaluate("""box => {
+        const root = box.querySelector('.ctx.root'), b = box.getBoundingClientRect(), r = root.getBoundingClientRect();
+        return r.height > 0 && r.top >= b.top && r.bottom <= b.top + box.clientHeight;
+    }"""))
+
+
+def _fits(page: Page) -> tuple[int, int]:
+    return page.evaluate("[document.scrollingElement.scrollWidth, window.innerWidth]")
+
+
+@pytest.mark.parametrize("viewport", [{"width": 1400, "height": 1000}, PHONE], ids=["desktop", "phone"])
+def test_the_context_box_opens_on_the_root_line(browser: Browser, app: LoopbackApp, viewport: dict[str, int]) -> None:
+    w = _signed_in(browser, app, viewport)
+    page = w.page
+    page.wait_for_selector("#loss-chart canvas")
+    box = page.locator("pre.context")
+    lines = box.locator(".ctx").count()
+    assert lines > 30 and box.evaluate("b => b.scrollHeight > b.clientHeight")  # a box that needs scrolling
+    assert _root_line_shown(page)
+    assert page.evaluate("window.scrollY") == 0  # the box scrolled, not the page
+    assert not w.errors, w.errors
+    page.close()
+
+
+def test_a_phone_shows_the_jobs_and_the_job_page_without_sideways_scrolling(browser: Browser,
+                                                                            app: LoopbackApp) -> None:
+    w = _signed_in(browser, app, PHONE)
+    for path in ("/jobs", "/jobs/train-7b", f"/jobs/{LONG_JOB}"):
+        w.page.goto(f"{app.url}{path}")
+        w.page.wait_for_load_state("load")
+        width, inner = _fits(w.page)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        w.page.screenshot(path=str(ARTIFACTS / f"phone{path.replace('/', '-')[:40]}.png"), full_page=True)
+        assert width <= inner, f"{path}: {width}px wide on a {inner}px screen"
+    w.page.goto(f"{app.url}/jobs")
+    table = w.page.locator("table.jobs")
+    assert table.is_visible() and w.page.locator(f"a[href='/jobs/{LONG_JOB}']").count() == 1
+    assert not w.outside and not w.errors, (w.outside, w.errors)
+    w.page.close()
+
+
+def test_a_job_shipped_per_host_has_a_progress_bar_on_every_host(browser: Browser, app: LoopbackApp) -> None:
+    w = _signed_in(browser, app)
+    w.page.goto(f"{app.url}/jobs/{LONG_JOB}")
+    for host in HOSTS:
+        bar = w.page.locator(f"details.lane[data-host='{host}'] .host-row .bar")
+        assert bar.count() == 1 and bar.is_visible(), host
+    widths = {h: w.page.locator(f"details.lane[data-host='{h}'] .host-row .bar").bounding_box() for h in HOSTS}
+    assert all(widths[h] and widths[CULPRIT] and widths[CULPRIT]["width"] < widths[h]["width"]  # type: ignore[index]
+               for h in HOSTS if h != CULPRIT)  # the culprit's training stopped first
+    w.page.close()
+
+
+def _pixels(png: bytes) -> tuple[int, int, list[bytes]]:
+    """An 8-bit RGB(A) PNG (what Chromium's screenshots are) as its rows of RGB pixels."""
+    pos, size, data, colour = 8, (0, 0), b"", 2
+    while pos < len(png):
+        (n,), kind = struct.unpack(">I", png[pos:pos + 4]), png[pos + 4:pos + 8]
+        body, pos = png[pos + 8:pos + 8 + n], pos + 12 + n
+        if kind == b"IHDR":
+            width, height, depth, colour = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and colour in (2, 6), (depth, colour)
+            size = (width, height)
+        elif kind == b"IDAT":
+            data += body
+    bpp = 3 if colour == 2 else 4
+    raw, stride = zlib.decompress(data), size[0] * bpp
+    rows, prev, at = [], bytearray(stride), 0
+    for _ in range(size[1]):
+        kind_, line, at = raw[at], bytearray(raw[at + 1:at + 1 + stride]), at + 1 + stride
+        for x in range(stride):
+            a, b, c = (line[x - bpp] if x >= bpp else 0), prev[x], (prev[x - bpp] if x >= bpp else 0)
+            p = a + b - c
+            pred = [0, a, b, (a + b) // 2, a if abs(p - a) <= abs(p - b) and abs(p - a) <= abs(p - c)
+                    else b if abs(p - b) <= abs(p - c) else c][kind_]
+            line[x] = (line[x] + pred) & 255
+        rows.append(b"".join(bytes(line[x:x + 3]) for x in range(0, stride, bpp)))
+        prev = line
+    return size[0], size[1], rows
+
+
+def _drawn(page: Page, selector: str, text: str | None = None) -> tuple[int, int, list[bytes]]:
+    """The pixels of the first `selector`, as it is or with `text` in it instead (same place, same style)."""
+    el = page.locator(selector).first
+    if text is not None:
+        el.evaluate("(e, t) => { e.textContent = t; }", text)
+    return _pixels(el.screenshot(animations="disabled"))
+
+
+def test_the_timeline_marks_are_glyphs_debians_fonts_have(browser: Browser, tmp_path: Path) -> None:
+    """Issue 33: `⏹` (stopped first) was an empty box with Debian's fonts. Each mark must not look like
+    the same element holding a codepoint no font has (U+0378, unassigned): the .notdef box."""
+    buf = io.StringIO()
+    generate(buf, scenario="nccl_hang", seed=4, ranks=16, gpus_per_host=8, lines=6000)
+    settings = Settings.model_validate({"data_dir": str(tmp_path), "llm": {"enabled": False},
+                                        "retrieval": {"enabled": False}})
+    session = Engine.create(settings).new_session()
+    session.feed_lines(buf.getvalue().splitlines())
+    report = session.report()
+    assert report.progress and report.progress.first_stopped and report.progress.first_stopped.ranks
+    path = tmp_path / "hang.html"
+    path.write_text(render_job_page(build_view("hang", report, session), Done(served=False), inline=True))
+    page = browser.new_page(viewport={"width": 1400, "height": 1000}, device_scale_factor=4)
+    page.goto(path.as_uri())
+    for mark in (".row.stopped-first .stopped-first-mark", ".legend .first-sample", ".track .stop",
+                 ".legend .stop-sample"):
+        assert page.locator(mark).first.is_visible(), mark
+        shown = _drawn(page, mark)
+        assert len({px for row in shown[2] for px in (row[i:i + 3] for i in range(0, len(row), 3))}) > 2, mark
+        tofu = _drawn(page, mark, "\u0378")
+        assert _drawn(page, mark, "\u0379") == tofu  # the check itself: any missing codepoint draws this box
+        like_tofu = shown == tofu
+        assert not like_tofu, f"{mark} draws as the missing-glyph box"
+    page.close()

@@ -190,3 +190,51 @@ def test_session_cookies_name_a_session_that_expires_and_ends_everywhere_at_sign
     assert refused(value, by=replica) == "unauthorized"  # ...refused by the others from then on
     assert replica.principal(second, now=1001.0) == alice  # alice's other session (another browser) lives on
     assert not cookies.revoke(value) and not cookies.revoke("forged")
+
+
+def test_a_job_read_from_per_host_files_has_a_progress_bar_on_every_host(engine: Engine, tmp_path) -> None:
+    """Issue 33: a folder of per-host files (`diagnose DIR --html`) names hosts, not ranks: each host's own
+    progress is its lane's row, with its bar and where it stopped."""
+    from logdx.cli.diagnose import diagnose_files
+    from logdx.cli.inputs import collect
+    from per_host_logs import CULPRIT, HOSTS, write_host_files
+
+    write_host_files(tmp_path / "job")
+    diagnosed = diagnose_files(engine, collect([str(tmp_path / "job")], engine.settings.input), "auto")
+    assert diagnosed.session is not None and diagnosed.report.culprits.hosts == [CULPRIT]
+    view = build_view("per-host", diagnosed.report, diagnosed.session)
+    lanes = {lane.host: lane for lane in view.lanes}
+    assert sorted(lanes) == sorted(HOSTS)
+    ends = {h: lane.progress.last_step for h, lane in lanes.items() if lane.progress and lane.progress.last_line}
+    assert sorted(ends) == sorted(HOSTS)
+    assert ends[CULPRIT] == 90 and all(ends[h] == 120 for h in HOSTS if h != CULPRIT)
+    html = render_job_page(view, Done(served=False), inline=True)
+    for host in HOSTS:
+        lane = re.search(rf'<details class="lane[^"]*" data-host="{host}".*?</details>', html, re.S)
+        assert lane is not None and lane.group(0).count('class="bar"') == 1, host
+
+
+def _corroboration(html: str) -> str | None:
+    found = re.search(r'<p id="corroboration"[^>]*>(.*?)</p>', html, re.S)
+    return " ".join(found.group(1).split()) if found else None
+
+
+def test_the_corroboration_is_said_only_where_a_node_is_blamed_in_plain_words(job, engine: Engine) -> None:
+    """Issue 33: "Corroborated (…)" with brackets in brackets, even under a script's error."""
+    _, truth, view = job
+    said = _corroboration(render_job_page(view, Done(served=False), inline=True))
+    assert said is not None and said.startswith("Corroborated: ") and truth.culprit_hosts[0] in said
+    assert "(" not in said and ")" not in said  # the basis's own aside too: "own host, prefix or stream"
+    lone = view.model_copy(update={"report": view.report.model_copy(update={
+        "culprits": view.report.culprits.model_copy(update={"corroborated": False})})})
+    said = _corroboration(render_job_page(lone, Done(served=False), inline=True))
+    assert said is not None and said.startswith("Not corroborated: ") and "will not cordon" in said and "(" not in said
+
+    buf = io.StringIO()
+    generate(buf, scenario="key_error", seed=2, ranks=16, lines=4000, style="srun")
+    session = engine.new_session()
+    session.feed_lines(buf.getvalue().splitlines())
+    script = build_view("script", session.report(), session)
+    assert script.report.category == "script"
+    html = render_job_page(script, Done(served=False), inline=True)
+    assert _corroboration(html) is None and "Corroborated" not in html  # no node blamed: nothing to corroborate

@@ -352,6 +352,11 @@ class ServerSettings(Section):
     max_request_cpu_s: float = Field(
         60.0, ge=0, description="CPU seconds one upload may cost (decode, parse, apply); past it 429 cpu_limit, "
         "with the lines applied so far; 0: no limit")
+    live_commit_s: float = Field(
+        2.0, ge=0, description="a live stream (a chunked body with no Content-Length and no Idempotency-Key, as "
+        "`... | curl -T - .../v1/jobs/ID/logs` sends) has what arrived applied every this many seconds, so a job "
+        "hours long is diagnosed while it runs; each such piece has its own max_request_bytes and max_request_cpu_s. "
+        "0: applied when the body ends, as any other upload")
     public_url: str = Field(
         "", description="the service's address as people reach it (https://logdx.example.com): alerts link the "
         "job page (<public_url>/jobs/<id>) and the report under it")
@@ -445,6 +450,30 @@ class EscalationRule(Section):
     window_s: float = Field(3600.0, gt=0, description="...within this many seconds")
 
 
+class GradeSettings(Section):
+    """Repeat offenders: a node's grade from its blames (README "Repeat offenders"). Blamed once, a node is suspect;
+    blamed avoid_after times for one family of failure (taxonomy.yaml `families`) within window_s, avoided (the
+    actuator makes the scheduler prefer other nodes); exclude_after times, excluded (cordoned, within the budget and
+    the breaker). Each decay_s of healthy jobs' runtime on the node without a new blame drops the grade a step."""
+
+    window_s: float = Field(7 * 86400.0, gt=0, description="blames of one family this close together count together")
+    avoid_after: int = Field(2, ge=0, description="blames of one family within window_s that make a node avoided "
+                             "(0: never)")
+    exclude_after: int = Field(3, ge=0, description="blames of one family within window_s that make a node excluded: "
+                               "cordoned, within max_cordons and the breaker (0: never)")
+    decay_s: float = Field(24 * 3600.0, gt=0, description="runtime of healthy jobs on a node, without a new blame, "
+                           "that drops its grade one step")
+
+    @model_validator(mode="after")
+    def _exclude_beyond_avoid(self) -> GradeSettings:
+        if self.avoid_after == 1:
+            raise ValueError("avoid_after must be 0 (never) or at least 2: a node blamed once is only suspect")
+        if self.exclude_after and (self.exclude_after < 2 or self.exclude_after <= self.avoid_after):
+            raise ValueError(f"exclude_after ({self.exclude_after}) must be 0 (never) or above avoid_after "
+                             f"({self.avoid_after}) and at least 2")
+        return self
+
+
 NO_ACTUATOR = "none"
 
 
@@ -523,6 +552,7 @@ class ActionsSettings(Section):
     escalate: list[EscalationRule] = Field(
         default_factory=lambda: [EscalationRule(xid=13, count=3, window_s=3600.0)],
         description="repeated non-fatal hardware events on one GPU that make its node worth a cordon")
+    grades: GradeSettings = Field(default_factory=GradeSettings, description="repeat offenders: a node's grade (suspect, avoid, exclude) from its blames per family, and its decay")
     health_check_command: str | list[str] = Field(
         "", description="argv template ({node}) run on nodes cordoned for uncordon_after_s: exit 0 uncordons")
     uncordon_after_s: float = Field(3600.0, ge=0, description="a node cordoned this long gets health_check_command")

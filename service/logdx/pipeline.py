@@ -397,12 +397,36 @@ class Session:
         return new
 
     def feed_lines(self, lines: Iterable[bytes | str], source: Source | None = None) -> int:
-        """Lines that share one source; returns how many were fed."""
+        """Lines that share one source; returns how many were fed. (`feed` inline, the stream chosen once: this
+        loop is where a whole file's lines go.)"""
+        if source is not self._stream_source:
+            self._switch_stream(source)
+        normalize, add, feed_index = self.normalizer.normalize, self.compressor.add, self._stream_index
+        vouch = self._vouch if self._scope is not None else None
+        record = self.recorder.add if self.recorder is not None else None
         n = 0
-        feed = self.feed
         for raw in lines:
-            feed(raw, source)
             n += 1
+            self._fed += 1
+            if self._fed & _TIMING_SAMPLE_MASK == 0:
+                self._feed_timed(raw, source)
+                continue
+            rec = normalize(raw, source)
+            rec.feed = feed_index
+            if rec.ts is None:
+                if not rec.unanchored:
+                    rec.at = self._stream_ts
+            else:
+                rec.at = self._stream_ts = rec.ts
+                if self._awaiting:
+                    self._bound(rec)
+            if vouch is not None and rec.host is not None:
+                vouch(rec.host)
+            if record is not None:
+                record(rec)
+            kept = add(rec)
+            if kept:
+                self._detect(kept)
         return n
 
     def feed_runs(self, runs: Iterable[tuple[Source, Sequence[bytes | str]]]) -> int:

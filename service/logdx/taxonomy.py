@@ -31,7 +31,10 @@ __all__ = [
     "category_titles",
     "default_action",
     "reach_of",
+    "Family",
     "failure_types_of",
+    "family_title",
+    "graded_family",
     "is_canonical",
     "is_learnable",
     "advice_of",
@@ -70,11 +73,18 @@ class _CategorySpec(BaseModel):
     title: str
 
 
+class _FamilySpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    title: str
+    graded: bool = True  # false: the family blames no node (the scheduler's), a node's grade never counts it
+
+
 class _TypeSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     category: Category
     action: Action
     title: str
+    family: str = ""
     hardware: bool = False
     resubmit: bool = False
     by_numbers: bool = False
@@ -93,6 +103,7 @@ class _FileSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     actions: dict[Action, _ActionSpec]
     categories: dict[Category, _CategorySpec]
+    families: dict[str, _FamilySpec]
     failure_types: dict[str, _TypeSpec]
     timeout_classes: dict[str, _TimeoutClassSpec] = {}
     owners: dict[str, str] = {}
@@ -109,6 +120,16 @@ class FailureType:
     resubmit: bool = False
     by_numbers: bool = False  # only the numbers masking removes tell it apart: rules decide it, nothing learned
     advice: str = ""
+    family: str = ""  # infrastructure types: what a node's repeated failures are counted by (`families`)
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """A family of infrastructure failure (taxonomy.yaml `families`): what a node's grade counts blames by."""
+
+    name: str
+    title: str
+    graded: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +156,7 @@ class Taxonomy:
     owners: dict[str, str]  # dotted module prefix -> failure type of what it raises
     library_default: str  # failure type of a library error no owner names
     timeout_classes: dict[str, TimeoutClass] = field(default_factory=dict)
+    families: dict[str, Family] = field(default_factory=dict)
 
     def by_category(self) -> dict[Category, tuple[str, ...]]:
         out: dict[Category, list[str]] = {c: [] for c in Category}
@@ -167,6 +189,11 @@ def load_taxonomy(path: Path = TAXONOMY_PATH) -> Taxonomy:
             problems.append(f"{where}: {name}: a resubmit type blames no node, it cannot be hardware")
         if t.category != Category.INFRASTRUCTURE and t.action != Action.NO_RESTART:
             problems.append(f"{where}: {name}: only infrastructure types restart by default")
+        if t.category == Category.INFRASTRUCTURE and t.family not in spec.families:
+            problems.append(f"{where}: {name}: family {t.family or '(none)'} is not one of families: "
+                            f"{', '.join(spec.families)}")
+        if t.category != Category.INFRASTRUCTURE and t.family:
+            problems.append(f"{where}: {name}: only infrastructure types have a family (a node's grade counts them)")
     for module, ft in spec.owners.items():
         if ft not in spec.failure_types:
             problems.append(f"{path}:{_line_of(text, ['owners', module])}: owner {module}: unknown failure type {ft}")
@@ -184,7 +211,8 @@ def load_taxonomy(path: Path = TAXONOMY_PATH) -> Taxonomy:
     problems += _timeout_class_problems(spec, path, text)
     if problems:
         raise TaxonomyError("\n".join(problems))
-    types = {name: FailureType(name, t.category, t.action, t.title, t.hardware, t.resubmit, t.by_numbers, t.advice)
+    types = {name: FailureType(name, t.category, t.action, t.title, t.hardware, t.resubmit, t.by_numbers, t.advice,
+                               t.family)
              for name, t in spec.failure_types.items()}
     return Taxonomy(
         types=types,
@@ -196,6 +224,7 @@ def load_taxonomy(path: Path = TAXONOMY_PATH) -> Taxonomy:
         library_default=spec.library_default,
         timeout_classes={name: TimeoutClass(name, c.title, c.advice, c.failure_type, c.action)
                          for name, c in spec.timeout_classes.items()},
+        families={name: Family(name, f.title, f.graded) for name, f in spec.families.items()},
     )
 
 
@@ -292,6 +321,21 @@ def is_learnable(failure_type: str | None) -> bool:
     """Whether retrieval and the LLM may propose it: not a type only the masked-away numbers tell apart."""
     t = taxonomy().types.get(failure_type or "")
     return not (t and t.by_numbers)
+
+
+def graded_family(failure_type: str | None) -> str | None:
+    """The family a node's grade counts a blame of this failure type in (taxonomy.yaml `families`); None when
+    the grade never counts it: not infrastructure, a resubmit (the scheduler ended the job), an ungraded family."""
+    t = taxonomy().types.get(failure_type or "")
+    if t is None or t.category != Category.INFRASTRUCTURE or t.resubmit:
+        return None
+    f = taxonomy().families.get(t.family)
+    return f.name if f is not None and f.graded else None
+
+
+def family_title(name: str) -> str:
+    f = taxonomy().families.get(name)
+    return f.title if f is not None else name
 
 
 def is_resubmit(failure_type: str | None) -> bool:

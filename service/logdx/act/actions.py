@@ -11,6 +11,11 @@ set, root line text: what the diagnosis says, never a line number, which shifts 
 server replays its spools), and the table refuses a second (key, action, node). Applying the same
 diagnosis again, from this process or another, returns what was done the first time.
 
+Repeat offenders (`NodeBook.grade`, `actions.grades`): a node graded `exclude` by this diagnosis is cordoned
+through the same path, budget and breaker as any cordon; one graded `avoid` (or `exclude` whose cordon did not
+happen) is marked for the scheduler to prefer other nodes (`Actuator.avoid`, audited `avoid`); when healthy runtime
+or a false alarm brings the grade below `avoid`, the mark is lifted (audited `unavoid`).
+
 The cluster-wide limits are counted from the database, so they survive restarts and hold across
 processes sharing it; the check and a reservation row are written in one write transaction. They
 count real cordons of distinct nodes; dry runs are audited as such and use none of the budget.
@@ -33,7 +38,7 @@ from logdx.act.actuators import ACTUATORS, ActionFailed, NodeName, make_actuator
 from logdx.act.actuators.restart import hook_values, make_restart_hook
 from logdx.act.argv import HEALTH_CHECK_PLACEHOLDERS, fill_argv, parse_template
 from logdx.act.capsule import Capsule, CapsuleError, CapsuleWriter, Evidence
-from logdx.act.nodes import BreakerState, NodeBook
+from logdx.act.nodes import GRADES, BreakerState, NodeBook
 from logdx.act.policy import (
     ALREADY_CORDONED,
     NODE_UNKNOWN,
@@ -49,6 +54,7 @@ from logdx.act.report import Report
 from logdx.config import NO_ACTUATOR, ActionsSettings
 from logdx.model import Action
 from logdx.store import Store, migrate
+from logdx.taxonomy import graded_family
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +134,7 @@ class ActionRecord:
     ts: float
     job_id: str
     node: str | None
-    action: str  # cordon | uncordon | restart | breaker
+    action: str  # cordon | uncordon | avoid | unavoid | restart | breaker
     actuator: str  # kubernetes | slurm | command | webhook | none | person | health_check
     dry_run: bool
     outcome: str  # ok | dry_run | failed | refused | skipped | pending | open | reset
@@ -159,6 +165,23 @@ class ActionsStatus:
         out = asdict(self)
         out["breaker"] = self.breaker.to_dict()
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class GradeStep:
+    """What a diagnosis does to its one blamed node's grade (`Actions._graded`)."""
+
+    node: NodeName
+    grade: str  # avoid | exclude
+    family: str
+    reason: str
+
+
+def _taken_out(records: Iterable[ActionRecord], node: NodeName) -> bool:
+    """This diagnosis cordoned the node (or would have, in a dry run), or it is cordoned already."""
+    return any(r.action == "cordon" and (r.node or "").lower() == node.key
+               and (r.outcome in ("ok", "dry_run", "pending") or r.detail.startswith(ALREADY_CORDONED))
+               for r in records)
 
 
 class Actions:
@@ -202,19 +225,25 @@ class Actions:
         # A claimed host's history is not written: another tenant's node would read as blamed.
         targets = cordon_targets(report) if report.culprits.verified else []
         escalated = self._record_blame(job_id, report, targets)
+        graded = self._graded(report, targets)
+        excluded = graded.reason if graded is not None and graded.grade == "exclude" else ""
         out: list[ActionRecord] = []
-        why = cordon_refusal(report, self.settings, escalated)
+        why = cordon_refusal(report, self.settings, escalated, excluded)
         if why is None:
             capsule, missing = None, ""
             if self.actuator is not None and self.capsules is not None and any(map(self._may_cordon, targets)):
-                rec, capsule, missing = self._capsule(key, job_id, targets, report, escalated, evidence)
+                rec, capsule, missing = self._capsule(key, job_id, targets, report, escalated or excluded, evidence)
                 out.append(rec)
             for node in targets:
-                out.append(self._cordon(key, job_id, node, report, escalated, capsule, missing))
-        elif report.action == Action.CORDON_AND_RESTART or escalated:
+                out.append(self._cordon(key, job_id, node, report, escalated or excluded, capsule, missing))
+        elif report.action == Action.CORDON_AND_RESTART or escalated or excluded:
             # Worth saying why a diagnosis that asks for a cordon touched nothing.
             outcome = "refused" if why.startswith((NODE_UNKNOWN, UNVERIFIED_HOST)) else "skipped"
             out.append(self._audit(key, job_id, None, "cordon", self._actuator_name, outcome, why, report))
+        if graded is not None and not _taken_out(out, graded.node):
+            avoided = self._avoid(key, job_id, report, graded, escalated)
+            if avoided is not None:
+                out.append(avoided)
         if restart and self.restart_hook is not None:
             out.append(self._restart(key, job_id, report, out, verdict))
         return out
@@ -295,6 +324,100 @@ class Actions:
             return self._audit(key, job_id, targets[0], "capsule", "logdx", "failed", why, report), None, why
         rec = self._audit(key, job_id, targets[0], "capsule", "logdx", "ok", capsule.describe(), report)
         return rec, capsule, ""
+
+    # -- grades ---------------------------------------------------------------------------------
+
+    def _graded(self, report: Report, targets: list[NodeName]) -> GradeStep | None:
+        """The step the node's grade takes with this diagnosis (`actions.grades`): `avoid` or `exclude` when the
+        diagnosis blames exactly one node for a family of failure that node was blamed for before within
+        `window_s`, often enough; None otherwise."""
+        g = self.settings.grades
+        family = graded_family(report.failure_type)
+        if family is None or len(targets) != 1:
+            return None
+        node = targets[0]
+        recent = self.nodes.grade(node).recent(family)
+        n = len(recent)
+        grade = "exclude" if g.exclude_after and n >= g.exclude_after else \
+            "avoid" if g.avoid_after and n >= g.avoid_after else ""
+        if not grade:
+            return None
+        threshold = g.exclude_after if grade == "exclude" else g.avoid_after
+        # The audit is on the job's page, which its tenant reads: other jobs are counted, not named (the node's
+        # history, `logdx nodes show`, names them for a cluster-wide reader).
+        reason = (f"graded {grade}: {node} blamed {n} times for {family} failures within {g.window_s:g} s, this job "
+                  f"and {n - 1} before it (actions.grades.{grade}_after: {threshold}; logdx nodes show {node})")
+        return GradeStep(node, grade, family, reason)
+
+    def _avoid(self, key: str, job_id: str, report: Report, step: GradeStep, escalated: str) -> ActionRecord | None:
+        """Mark the node for the scheduler to prefer others, as the policy allows; None when it is marked already
+        or no actuator is configured."""
+        node, actuator = step.node, self.actuator
+        if actuator is None or self.nodes.avoided(node) is not None:
+            return None  # no scheduler to ask (the grade still shows in `logdx nodes`), or asked already
+        why = cordon_refusal(report, self.settings, escalated, step.reason)
+        if why is not None:
+            outcome = "refused" if why.startswith((NODE_UNKNOWN, UNVERIFIED_HOST)) else "skipped"
+            return self._audit(key, job_id, node, "avoid", actuator.name, outcome, f"{why} ({step.reason})", report)
+        breaker = self.nodes.breaker()
+        if breaker.open:
+            return self._audit(key, job_id, node, "avoid", actuator.name, "refused",
+                               f"circuit breaker open since {_when(breaker.since)} ({breaker.reason}); "
+                               f"a person closes it: logdx actions reset ({step.reason})", report)
+        rec, new = self._claim(key, job_id, node, "avoid", actuator.name, report)
+        if not new:
+            return rec
+        if self.settings.dry_run:
+            return self._update(rec, "dry_run", f"would {actuator.describe_avoid(node, step.family)} ({step.reason})")
+        try:
+            done, undo = actuator.avoid(node, step.family, step.reason)
+        except Exception as e:  # noqa: BLE001 - audit every failure, whatever raised it
+            log.warning("avoid of %s failed: %s", node, e)
+            return self._update(rec, "failed", f"{type(e).__name__}: {e}"[:2000])
+        self.nodes.set_avoided(node, undo)
+        return self._update(rec, "ok", f"{done} ({step.reason})")
+
+    def credit(self, job_id: str, report: Report, hosts: Iterable[str], runtime_s: float) -> list[ActionRecord]:
+        """A job whose report earned `healthy` ran on `hosts` for `runtime_s`: evidence for each node, toward its
+        grade's decay; lifts the avoid mark of a node whose grade fell below `avoid`."""
+        if report.status != "healthy":
+            return []
+        nodes = self.nodes.credit(hosts, job_id=job_id, runtime_s=runtime_s, report_id=report.id)
+        return self.regrade(nodes, job_id, f"healthy job {job_id} ran there")
+
+    def withdraw(self, report_id: str) -> tuple[list[str], list[ActionRecord]]:
+        """A false alarm: its blames leave the nodes' history and grades (`NodeBook.withdraw`); the avoid mark
+        of a node whose grade fell below `avoid` is lifted. A cordon stays: a person or a health check lifts it."""
+        nodes = self.nodes.withdraw(report_id)
+        return nodes, self.regrade([NodeName(n) for n in nodes], f"false-alarm:{report_id}",
+                                   f"report {report_id} was a false alarm")
+
+    def regrade(self, nodes: Iterable[NodeName], job_id: str, why: str) -> list[ActionRecord]:
+        """Lift the avoid mark of each of `nodes` whose grade is now below `avoid`."""
+        out = []
+        for node in nodes:
+            undo = self.nodes.avoided(node)
+            grade = self.nodes.grade(node)
+            if undo is not None and grade.level < GRADES.index("avoid"):
+                out.append(self._unavoid(node, undo, job_id, f"grade now {grade.grade}: {why}"))
+        return out
+
+    def _unavoid(self, node: NodeName, undo: str, job_id: str, why: str) -> ActionRecord:
+        actuator = self.actuator
+        if actuator is None:
+            self.nodes.set_avoided(node, None)
+            return self._audit(None, job_id, node, "unavoid", NO_ACTUATOR, "ok",
+                               f"avoid mark forgotten (no actuator configured); {why}", None)
+        if self.settings.dry_run:
+            return self._audit(None, job_id, node, "unavoid", actuator.name, "dry_run",
+                               f"would {actuator.describe_unavoid(node, undo)} ({why})", None)
+        try:
+            done = actuator.unavoid(node, undo)
+        except Exception as e:  # noqa: BLE001 - audit every failure, whatever raised it
+            return self._audit(None, job_id, node, "unavoid", actuator.name, "failed",
+                               f"{type(e).__name__}: {e}"[:2000], None)
+        self.nodes.set_avoided(node, None)
+        return self._audit(None, job_id, node, "unavoid", actuator.name, "ok", f"{done} ({why})", None)
 
     # -- cordon ---------------------------------------------------------------------------------
 

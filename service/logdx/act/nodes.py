@@ -8,7 +8,14 @@ every worker of `logdx serve` sharing the database judge the same cluster.
   diagnosis made twice (early and final, or replayed after a crash) is one event.
 - `escalation(...)`: repeated non-fatal events on one GPU (`actions.escalate`, e.g. Xid 13 three
   times in an hour) that together justify a cordon.
-- node state: `ok` | `cordoned` (by whom, since when, why); the breaker: `closed` | `open`.
+- `grade(node)`: repeat offenders, conservatively (`actions.grades`). A node blamed once is `suspect`;
+  blamed `avoid_after` times for one family of failure (taxonomy.yaml `families`) within `window_s`, `avoid`;
+  `exclude_after` times, `exclude`. `credit(...)`: a healthy job that ran on the node; each `decay_s` of such
+  runtime without a new blame forgives the node's oldest blames, one grade step at a time. The grade is
+  replayed from the stored blames and credits each time it is asked, so the same history gives the same grade
+  in any order, and a false alarm (`withdraw`) leaves it as if that blame had never been.
+- node state: `ok` | `cordoned` (by whom, since when, why); `avoided` (the avoid mark logdx set, and what
+  undoes it); the breaker: `closed` | `open`.
 """
 
 from __future__ import annotations
@@ -22,11 +29,15 @@ from typing import Any
 
 from logdx.act.actuators.base import NodeName, node_names
 from logdx.act.report import Report
-from logdx.config import ActionsSettings, EscalationRule
+from logdx.config import ActionsSettings, EscalationRule, GradeSettings
 from logdx.model import Category
 from logdx.store import Store, migrate
+from logdx.taxonomy import family_title, graded_family
 
-__all__ = ["BreakerState", "Blame", "NodeBook", "NodeInfo", "xid_of"]
+__all__ = ["GRADES", "BreakerState", "Blame", "Grade", "GradeBlame", "NodeBook", "NodeInfo", "grade_of", "xid_of"]
+
+# The grades, mildest first: a grade's index is how far it reaches.
+GRADES = ("ok", "suspect", "avoid", "exclude")
 
 MIGRATIONS = [
     """
@@ -61,6 +72,17 @@ MIGRATIONS = [
         since  REAL NOT NULL,
         reason TEXT NOT NULL DEFAULT '',
         by     TEXT NOT NULL DEFAULT ''
+    );
+    """,
+    """
+    ALTER TABLE nodes ADD COLUMN avoided TEXT;
+    CREATE TABLE node_credits (
+        node       TEXT NOT NULL,
+        job_id     TEXT NOT NULL,
+        ts         REAL NOT NULL,
+        runtime_s  REAL NOT NULL,
+        report_id  TEXT,
+        PRIMARY KEY (node, job_id)
     );
     """,
 ]
@@ -100,6 +122,17 @@ PG_MIGRATIONS = [
         by     TEXT NOT NULL DEFAULT ''
     );
     """,
+    """
+    ALTER TABLE nodes ADD COLUMN avoided TEXT;
+    CREATE TABLE node_credits (
+        node       TEXT NOT NULL,
+        job_id     TEXT NOT NULL,
+        ts         DOUBLE PRECISION NOT NULL,
+        runtime_s  DOUBLE PRECISION NOT NULL,
+        report_id  TEXT,
+        PRIMARY KEY (node, job_id)
+    );
+    """,
 ]
 
 _XID = re.compile(r"\bXid \((?:PCI:)?[0-9a-fA-F:.]+\):\s*(\d+)\b|\bXid=(\d+)\b")
@@ -126,6 +159,144 @@ class Blame:
     text: str
 
 
+@dataclass(frozen=True, slots=True)
+class GradeBlame:
+    """A blame as a node's grade counts it: one job's diagnosis of one family of failure on the node."""
+
+    ts: float
+    job_id: str
+    failure_type: str
+    family: str
+    report_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """A healthy job that ran on the node: evidence for it (its runtime counts toward the grade's decay)."""
+
+    ts: float
+    job_id: str
+    runtime_s: float
+
+
+@dataclass(slots=True)
+class Grade:
+    """A node's grade and why (`grade_of`)."""
+
+    grade: str  # ok | suspect | avoid | exclude (GRADES)
+    family: str | None  # the family whose blames set it
+    counted: list[GradeBlame]  # the blames that set it (within window_s of each other)
+    live: list[GradeBlame]  # every blame still counted, oldest first
+    forgiven: list[GradeBlame]  # blames healthy runtime forgave
+    healthy_jobs: int  # healthy jobs on the node since its last blame
+    credit_s: float  # their runtime toward the next step down
+    decay_s: float
+    window_s: float
+    reason: str = ""
+
+    @property
+    def level(self) -> int:
+        return GRADES.index(self.grade)
+
+    @property
+    def decay_due_s(self) -> float | None:
+        """Healthy runtime still needed, without a new blame, before the grade drops a step; None when ok."""
+        return None if self.grade == "ok" else max(0.0, self.decay_s - self.credit_s)
+
+    def recent(self, family: str) -> list[GradeBlame]:
+        """The live blames of `family` within window_s of its latest: what a new blame of it repeats."""
+        of = [b for b in self.live if b.family == family]
+        return [b for b in of if b.ts >= of[-1].ts - self.window_s] if of else []
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"grade": self.grade, "family": self.family, "reason": self.reason,
+                "counted": [b.to_dict() for b in self.counted], "live": len(self.live),
+                "forgiven": [b.to_dict() for b in self.forgiven], "healthy_jobs": self.healthy_jobs,
+                "credit_s": round(self.credit_s, 1), "decay_s": self.decay_s,
+                "decay_due_s": None if self.decay_due_s is None else round(self.decay_due_s, 1)}
+
+
+def grade_of(blames: Sequence[GradeBlame], credits: Sequence[Credit], settings: GradeSettings) -> Grade:
+    """Replay a node's blames and credits in time order (ties: blames first, then by job): each blame counts,
+    each `decay_s` of healthy runtime after the latest blame forgives the oldest blames until the grade is one
+    step lower. A forgiven blame never counts again."""
+    events: list[tuple[float, int, str, GradeBlame | Credit]] = [(b.ts, 0, b.job_id, b) for b in blames]
+    events += [(c.ts, 1, c.job_id, c) for c in credits]
+    live: list[GradeBlame] = []
+    forgiven: list[GradeBlame] = []
+    credit_s, jobs = 0.0, 0
+    for _, _, _, event in sorted(events, key=lambda e: e[:3]):
+        if isinstance(event, GradeBlame):
+            live.append(event)
+            credit_s, jobs = 0.0, 0
+            continue
+        if not live:
+            continue
+        credit_s += max(0.0, event.runtime_s)
+        jobs += 1
+        while live and credit_s >= settings.decay_s:
+            credit_s -= settings.decay_s
+            before = _level(live, settings)[0]
+            while live and _level(live, settings)[0] >= before:
+                forgiven.append(live.pop(0))
+        if not live:
+            credit_s = 0.0
+    level, family, counted = _level(live, settings)
+    grade = Grade(GRADES[level], family, counted, live, forgiven, jobs, credit_s, settings.decay_s,
+                  settings.window_s)
+    grade.reason = _grade_reason(grade)
+    return grade
+
+
+def _level(live: Sequence[GradeBlame], s: GradeSettings) -> tuple[int, str | None, list[GradeBlame]]:
+    """The grade the live blames earn: per family, the most of them within window_s of each other."""
+    if not live:
+        return 0, None, []
+    best: tuple[int, int, float, str, list[GradeBlame]] = (1, 1, live[-1].ts, live[-1].family, [live[-1]])
+    for family in dict.fromkeys(b.family for b in live):
+        of = [b for b in live if b.family == family]
+        start = 0
+        for end in range(len(of)):
+            while of[end].ts - of[start].ts > s.window_s:
+                start += 1
+            window = of[start:end + 1]
+            n = len(window)
+            level = 3 if s.exclude_after and n >= s.exclude_after else 2 if s.avoid_after and n >= s.avoid_after else 1
+            candidate = (level, n, window[-1].ts, family, window)
+            if candidate[:3] > best[:3]:
+                best = candidate
+    return best[0], best[3], best[4]
+
+
+def _grade_reason(g: Grade) -> str:
+    forgiven = (f"; {len(g.forgiven)} older blame(s) forgiven after healthy runtime on the node"
+                if g.forgiven else "")
+    if g.grade == "ok":
+        return ("no blame counted" + forgiven) if g.forgiven else "never blamed"
+    blames = ", ".join(f"{b.failure_type} in job {b.job_id} at {_when(b.ts)}" for b in g.counted[-8:])
+    if len(g.counted) == 1:
+        what = f"blamed once for {g.family}: {blames}"
+    else:
+        what = (f"blamed {len(g.counted)} times for {g.family} ({family_title(g.family or '')}) within "
+                f"{_span(g.window_s)}: {blames}")
+    due = g.decay_due_s or 0.0
+    step = GRADES[g.level - 1]
+    decay = (f"; drops to {step} after {_span(due)} more healthy runtime without a new blame "
+             f"({g.healthy_jobs} healthy job(s), {_span(g.credit_s)} so far)")
+    return what + decay + forgiven
+
+
+def _span(seconds: float) -> str:
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f}".removesuffix(".0") + " d"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
 @dataclass(slots=True)
 class NodeInfo:
     node: str
@@ -139,6 +310,8 @@ class NodeInfo:
     jobs: list[str] = field(default_factory=list)
     failure_types: dict[str, int] = field(default_factory=dict)
     recent: list[Blame] = field(default_factory=list)
+    grade: Grade | None = None
+    avoided: bool = False  # logdx set its avoid mark (taint, weight) on the node
 
     @property
     def blamed_by_several_jobs(self) -> bool:
@@ -147,6 +320,7 @@ class NodeInfo:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["blamed_by_several_jobs"] = self.blamed_by_several_jobs
+        out["grade"] = self.grade.to_dict() if self.grade is not None else None
         return out
 
 
@@ -254,6 +428,57 @@ class NodeBook:
                         f"{rule.window_s:g} s (actions.escalate: {rule.count}), counted from job(s) {shown}")
         return ""
 
+    # -- grades ---------------------------------------------------------------------------------
+
+    def credit(self, hosts: Iterable[str], *, job_id: str, runtime_s: float, report_id: str | None,
+               now: float | None = None) -> list[NodeName]:
+        """A healthy job (its report earned `healthy` by evidence) ran on `hosts` for `runtime_s`: evidence for
+        each, toward its grade's decay. Once per job and node; returns the nodes newly credited."""
+        nodes, _ = node_names(hosts)
+        now = self.clock() if now is None else now
+        self.seen(nodes, now)
+        credited = []
+        for node in nodes:
+            cur = self.db.execute(
+                "INSERT INTO node_credits(node, job_id, ts, runtime_s, report_id) VALUES (?,?,?,?,?)"
+                " ON CONFLICT DO NOTHING", (node.key, job_id, now, max(0.0, float(runtime_s)), report_id))
+            if cur.rowcount > 0:
+                credited.append(node)
+        return credited
+
+    def grade(self, node: NodeName | str) -> Grade:
+        """The node's grade, replayed from its blames and credits (`grade_of`)."""
+        key = NodeName(node).key
+        rows = self.db.query("SELECT ts, job_id, failure_type, report_id FROM node_events WHERE node = ?"
+                             " ORDER BY ts, id", (key,))
+        blames: dict[tuple[str, str], GradeBlame] = {}
+        reports: set[str] = set()
+        for r in rows:
+            family = graded_family(r["failure_type"])
+            # One blame per job and family (its early and final diagnoses are one), and per report (one report
+            # acted on under another job id, `diagnose` then the MCP's act, is still one).
+            if family is None or (r["job_id"], family) in blames or (r["report_id"] and r["report_id"] in reports):
+                continue
+            blames[(r["job_id"], family)] = GradeBlame(r["ts"], r["job_id"], r["failure_type"], family, r["report_id"])
+            if r["report_id"]:
+                reports.add(r["report_id"])
+        credits = [Credit(r["ts"], r["job_id"], r["runtime_s"]) for r in self.db.query(
+            "SELECT ts, job_id, runtime_s FROM node_credits WHERE node = ?", (key,))]
+        return grade_of(list(blames.values()), credits, self.settings.grades)
+
+    def avoided(self, node: NodeName) -> str | None:
+        """What undoes the avoid mark logdx set on the node (the actuator's word); None when it set none."""
+        rows = self.db.query("SELECT avoided FROM nodes WHERE node = ?", (node.key,))
+        return rows[0]["avoided"] if rows else None
+
+    def set_avoided(self, node: NodeName, undo: str | None, now: float | None = None) -> None:
+        self.seen([node], now)
+        self.db.execute("UPDATE nodes SET avoided = ? WHERE node = ?", (undo, node.key))
+
+    def avoided_nodes(self) -> list[NodeName]:
+        return [NodeName(r["name"]) for r in self.db.query(
+            "SELECT name FROM nodes WHERE avoided IS NOT NULL ORDER BY node")]
+
     # -- state ----------------------------------------------------------------------------------
 
     def state_of(self, node: NodeName) -> tuple[str, str | None, float | None]:
@@ -299,7 +524,7 @@ class NodeBook:
         # the derived table.
         rows = self.db.query(
             "SELECT * FROM (SELECT n.node, n.name, n.first_seen, n.last_seen, n.state, n.state_since, n.state_by,"
-            " n.state_reason, (SELECT MAX(ts) FROM node_events e WHERE e.node = n.node) AS last_blamed FROM nodes n"
+            " n.state_reason, n.avoided, (SELECT MAX(ts) FROM node_events e WHERE e.node = n.node) AS last_blamed FROM nodes n"
             + (" WHERE EXISTS (SELECT 1 FROM node_events e WHERE e.node = n.node)" if blamed_only else "")
             + ") AS listed ORDER BY last_blamed IS NULL, last_blamed DESC, last_seen DESC LIMIT ?", (limit,))
         return [self._info(dict(r), recent) for r in rows]
@@ -309,8 +534,8 @@ class NodeBook:
             node = NodeName(name)
         except ValueError:
             return None
-        rows = self.db.query("SELECT node, name, first_seen, last_seen, state, state_since, state_by, state_reason"
-                             " FROM nodes WHERE node = ?", (node.key,))
+        rows = self.db.query("SELECT node, name, first_seen, last_seen, state, state_since, state_by, state_reason,"
+                             " avoided FROM nodes WHERE node = ?", (node.key,))
         return self._info(dict(rows[0]), recent) if rows else None
 
     def _info(self, r: dict[str, Any], recent: int) -> NodeInfo:
@@ -326,9 +551,15 @@ class NodeBook:
             state_since=r["state_since"], state_by=r["state_by"], state_reason=r["state_reason"],
             events=len(events), jobs=jobs, failure_types=types,
             recent=[Blame(**dict(e)) for e in events[:recent]],
+            grade=self.grade(r["name"]), avoided=r["avoided"] is not None,
         )
+
 
 def _rule_matches(rule: EscalationRule, xid: int | None, failure_type: str) -> bool:
     if rule.xid is not None:
         return xid == rule.xid
     return bool(rule.failure_type) and rule.failure_type == failure_type
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "?"

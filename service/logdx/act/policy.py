@@ -7,16 +7,22 @@ A node is cordoned (or, in `logdx run`, excluded from the next launch) only when
 - the diagnosis is a failure of category infrastructure whose recommended action is
   `cordon_and_restart` (the log blames exactly one machine), or repeated events on one GPU
   escalate it (`actions.escalate`; an application-class Xid such as 13 is the job's once and the
-  GPU's when it keeps coming back, whatever category each report had);
+  GPU's when it keeps coming back, whatever category each report had), or the node's grade is `exclude`
+  (`actions.grades`: blamed `exclude_after` times for one family of infrastructure failure within `window_s`,
+  this report's among them), which stands in for `cordon_and_restart` only: every other rule still holds;
 - it is not a time limit or a preemption (the taxonomy's `resubmit` types never cordon);
 - the culprit hosts are named and each is one plain, valid host name (never a range or a list);
 - each was named by a sender that may speak for it (`culprits.verified`: a node's own credential, a collector
   of the operator's, the reader's own files), or the scheduler says the job ran there: a tenant's shipper, or
   a token not bound to the host, only claims a host;
 - the attribution is corroborated (the host printed the fault itself, or the blamed rank stopped);
-- the report is at least `actions.min_confidence` sure (an escalation stands in for that);
+- the report is at least `actions.min_confidence` sure (an escalation stands in for that; a grade does not);
 - a rule or an entry of the error catalog chose the verdict (`decided_by`): retrieval, the LLM or their
   fusion may name and explain a failure, never cordon, whatever `actions.min_confidence` says;
+
+A node graded `avoid` (the scheduler is asked to prefer other nodes: a PreferNoSchedule taint, a Slurm weight)
+passes the same rules with the grade standing in for `cordon_and_restart`; it uses none of the cordon budget, and
+nothing is marked while the breaker is open.
 
 and, for a real cordon, the cluster-wide limits agree (`budget_refusal`, `breaker_refusal`):
 
@@ -76,9 +82,11 @@ class _CordonOutcome(Protocol):
 # -- may this diagnosis cordon? ---------------------------------------------------------------------
 
 
-def cordon_refusal(report: Report, settings: ActionsSettings, escalated: str = "") -> str | None:
+def cordon_refusal(report: Report, settings: ActionsSettings, escalated: str = "", graded: str = "") -> str | None:
     """Why a report does not justify cordoning its culprit nodes; None when it does. `escalated`
-    says why repeated events make a non-fatal one worth a cordon (see `NodeBook.escalation`)."""
+    says why repeated events make a non-fatal one worth a cordon (see `NodeBook.escalation`); `graded`, why
+    the node's grade does (`NodeBook.grade`): it stands in for the action asked, never for the category, the
+    evidence, the host's trust or the confidence."""
     if report.status != "failed":
         return f"{report.status} report: nothing failed"  # healthy, unknown (neither shown) or empty
     if report.category != Category.INFRASTRUCTURE and not escalated:
@@ -89,7 +97,7 @@ def cordon_refusal(report: Report, settings: ActionsSettings, escalated: str = "
     if not rests_on_evidence(report.decided_by):
         # The floor no setting lowers (actions.min_confidence, escalation): an opinion never takes a node out.
         return f"{LEARNED_VERDICT}: {report.decided_by} chose {report.failure_type}; no rule or catalog entry supports it"
-    if report.action != Action.CORDON_AND_RESTART and not escalated:
+    if report.action != Action.CORDON_AND_RESTART and not escalated and not graded:
         return f"recommended action is {report.action}, not cordon_and_restart"
     if not report.culprits.hosts:
         why = report.notes[-1] if report.notes else "no line names the node"

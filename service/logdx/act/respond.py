@@ -108,6 +108,15 @@ class Responder:
             out.errors.append(f"alert not queued: {type(e).__name__}: {e}")
         return out
 
+    def credit(self, job_id: str, report: Report, hosts: Iterable[str], runtime_s: float) -> list[ActionRecord]:
+        """A job whose report earned `healthy` ran on `hosts`: evidence for those nodes' grades
+        (`Actions.credit`); a failure is logged, never raised."""
+        try:
+            return self.actions.credit(job_id, report, hosts, runtime_s)
+        except Exception:
+            log.exception("crediting the nodes of job %s failed", job_id)
+            return []
+
     def resolved_job(self, job_id: str, why: str) -> int:
         """The job later succeeded: a "resolved" follow-up to its alerts."""
         try:

@@ -82,6 +82,10 @@ class Effect:
     resolved: str = ""  # why the failures of `resolved_jobs` are over
     resolved_jobs: tuple[str, ...] = field(default_factory=tuple)
     evidence: Evidence | None = None  # the job's recent lines, for the evidence capsule before a cordon
+    # A healthy job: the nodes it ran on that a sender who may speak for them named, and for how long (grades).
+    healthy: Report | None = None
+    healthy_hosts: tuple[str, ...] = ()
+    runtime_s: float = 0.0
 
 
 class Actor:
@@ -122,6 +126,8 @@ class Actor:
                 log.exception("acting on the diagnosis of job %s failed", effect.job_id)
 
     def _act(self, effect: Effect) -> None:
+        if effect.healthy is not None and effect.healthy_hosts:
+            self._responder.credit(effect.job_id, effect.healthy, effect.healthy_hosts, effect.runtime_s)
         if effect.resolved:
             for job_id in effect.resolved_jobs:
                 self._responder.resolved_job(job_id, effect.resolved)

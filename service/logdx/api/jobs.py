@@ -315,7 +315,7 @@ class JobManager:
         evidence = Evidence(recorder=recorder.copy()) if recorder is not None else None
         return Effect(job.id, report, key, verdict=verdict, seen_hosts=hosts, evidence=evidence)
 
-    def _succeeded(self, job: Job, report: Report, exit_code: int | None) -> None:
+    def _succeeded(self, job: Job, report: Report, exit_code: int | None, session: Session | None = None) -> None:
         """The job ended well: record it, and follow its (and its lineage's) alerts with "resolved"."""
         ok = exit_code == 0 or (exit_code is None and report.status == "healthy")
         progress = job.session.summary().progress_lines if job.session is not None else None
@@ -327,7 +327,9 @@ class JobManager:
         self.history.record(job.id, AttemptOutcome(None, (), progress, ok=True))
         if self.actor is not None:
             why = f"job {job.id} succeeded" + (f" (after {', '.join(earlier)} failed)" if earlier else "")
-            self.actor.submit(Effect(job.id, None, "", resolved=why, resolved_jobs=(*earlier, job.id)))
+            hosts, runtime_s = _healthy_nodes(session or job.session) if report.status == "healthy" else ((), 0.0)
+            self.actor.submit(Effect(job.id, None, "", resolved=why, resolved_jobs=(*earlier, job.id),
+                                     healthy=report if hosts else None, healthy_hosts=hosts, runtime_s=runtime_s))
 
     def reopen(self, job_id: str, session: Session, report: Report, what_changed: Callable[[Report | None], str]) -> bool:
         """An ended job diagnosed again (a late node event, api/nodestreams.py): stored and acted on like
@@ -377,7 +379,7 @@ class JobManager:
         job.state = "ended"
         job.lines = session.lines
         self.record_report(job, report, "final")
-        self._succeeded(job, report, exit_code)
+        self._succeeded(job, report, exit_code, session)
         self.db.execute(
             "UPDATE api_jobs SET state = 'ended', ended_at = ?, exit_code = ?, lines = ?, bytes = bytes + ?,"
             " summary = ?, templates = ?, updated_at = ? WHERE job_id = ?",
@@ -482,3 +484,18 @@ class JobManager:
             "Drain templates across sessions in memory|logdx_templates": float(templates),
         }
 
+
+def _healthy_nodes(session: Session | None) -> tuple[tuple[str, ...], float]:
+    """The hosts a healthy job ran on that a sender who may speak for them named (a claim washes no node's
+    grade), and its runtime by its log's own timestamps (0 when they do not say)."""
+    if session is None:
+        return (), 0.0
+    summary = session.summary()
+    trusted = summary.trusted_hosts
+    hosts = tuple(sorted(h for h in summary.hosts if trusted is None or h in trusted))
+    first = summary.first_ts
+    # The shorter of the spans to the last stamped line and to the last progress line: a stray stamp (a date a
+    # line quotes) never stretches it.
+    spans = [t - first for t in (summary.last_ts, summary.progress.last_ts)
+             if first is not None and t is not None and t > first]
+    return hosts, min(spans) if spans else 0.0

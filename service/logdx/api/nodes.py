@@ -1,7 +1,8 @@
 """Nodes and actions: what logdx knows about the cluster's nodes, and the safety switches.
 
 - `GET /v1/nodes`: every node seen in job logs, most recently blamed first: state (ok | cordoned),
-  how many events, by which jobs (`blamed_by_several_jobs`), the latest events.
+  how many events, by which jobs (`blamed_by_several_jobs`), the latest events, and the grade (ok | suspect |
+  avoid | exclude) with its reason: which blames set it, when, and the healthy runtime still due before it decays.
 - `GET /v1/nodes/{node}`, `POST /v1/nodes/{node}/uncordon` (a person's all-clear, audited).
 - `GET /v1/actions`: dry run or not, the actuator, the circuit breaker, the budget used, the audit.
 - `POST /v1/actions/reset`: close the circuit breaker (a person, audited).
@@ -58,6 +59,28 @@ class BlameOut(BaseModel):
     text: str
 
 
+class GradeBlameOut(BaseModel):
+    ts: float
+    job_id: str
+    failure_type: str
+    family: str
+    report_id: str | None
+
+
+class GradeOut(BaseModel):
+    grade: str = Field(description="ok | suspect (blamed once) | avoid (the scheduler prefers other nodes) | exclude "
+                       "(cordoned, within the budget and the breaker): actions.grades")
+    family: str | None = Field(description="the family of failure (taxonomy.yaml `families`) whose blames set it")
+    reason: str
+    counted: list[GradeBlameOut] = Field(description="the blames that set it, within actions.grades.window_s")
+    live: int = Field(description="blames still counted")
+    forgiven: list[GradeBlameOut] = Field(description="blames healthy runtime on the node forgave")
+    healthy_jobs: int = Field(description="healthy jobs on the node since its last blame")
+    credit_s: float = Field(description="their runtime toward the next step down")
+    decay_s: float
+    decay_due_s: float | None = Field(description="healthy runtime still due before the grade drops a step; null: ok")
+
+
 class NodeOut(BaseModel):
     node: str
     first_seen: float
@@ -71,6 +94,9 @@ class NodeOut(BaseModel):
     blamed_by_several_jobs: bool
     failure_types: dict[str, int]
     recent: list[BlameOut]
+    grade: GradeOut | None = None
+    avoided: bool = Field(False, description="logdx's avoid mark is on the node (a PreferNoSchedule taint, a Slurm "
+                          "weight)")
 
 
 class NodeList(BaseModel):

@@ -43,10 +43,34 @@ class Received:
     disconnected: bool = False
     created: list[str] = field(default_factory=list)  # jobs this request created
     node_lines: int = 0  # lines that named a host and no job, kept in the host's node stream (nodestreams.py)
+    live: dict[str, dict[str, Any]] = field(default_factory=dict)  # a live stream's pieces applied so far, per job
 
     @property
     def applied(self) -> int:
-        return sum(req.applied for _, req in self.parts.values())
+        return (sum(req.applied for _, req in self.parts.values())
+                + sum(r.get("accepted_lines", 0) for r in self.live.values()))
+
+    def keep_live(self) -> None:
+        """The parts just committed become a live stream's applied pieces; the next chunk opens new parts."""
+        for job_id, result in self.results.items():
+            self.live[job_id] = _summed(self.live.get(job_id), result)
+        self.parts.clear()
+        self.results.clear()
+
+    def merge_live(self) -> None:
+        """The answer counts every piece of a live stream, the last one included."""
+        for job_id, earlier in self.live.items():
+            self.results[job_id] = _summed(earlier, self.results.get(job_id))
+        self.live.clear()
+
+
+_SUMMED = ("accepted_lines", "accepted_bytes", "skipped_records", "truncated_lines")
+
+
+def _summed(earlier: dict[str, Any] | None, later: dict[str, Any] | None) -> dict[str, Any]:
+    if earlier is None or later is None:
+        return dict(earlier or later or {})
+    return {**later, **{k: earlier.get(k, 0) + later.get(k, 0) for k in _SUMMED}}
 
 
 class Receiver:
@@ -74,6 +98,12 @@ class Receiver:
         self.node_bytes = 0
         self.spans: dict[str, dict[str, tuple[float, float]]] = {}
         self.stored: dict[str, str] = {}  # the job ids the request names -> the jobs they are
+        # A live stream (`srun ... | curl -T -`): chunked, no declared length, no key a retry could repeat. What
+        # arrived is applied every live_commit_s, or a job that runs for hours is diagnosed only once it ends.
+        live = ("content-length" not in request.headers and key is None
+                and "chunked" in request.headers.get("transfer-encoding", "").lower())
+        self.live_s = services.settings.server.live_commit_s if live else 0.0
+        self.last_commit = time.monotonic()
 
     async def open_part(self, given: str) -> tuple[Job, IngestRequest]:
         """A job's part of this request: the job the caller names (a tenant's token names its tenant's
@@ -116,14 +146,16 @@ class Receiver:
         try:
             try:
                 received = 0
-                async for chunk in self.request.stream():
-                    if not chunk:
-                        continue
-                    received += len(chunk)
-                    self.services.metrics.bytes.labels(self.upload.fmt).inc(len(chunk))
-                    if received > self.limit:
-                        raise too_large(self.limit)
-                    await self._chunk(chunk)
+                async for chunk in self._body():
+                    if chunk:
+                        received += len(chunk)
+                        self.services.metrics.bytes.labels(self.upload.fmt).inc(len(chunk))
+                        if received > self.limit:
+                            raise too_large(self.limit)
+                        await self._chunk(chunk)
+                    if self.live_s and time.monotonic() - self.last_commit >= self.live_s:
+                        await self._commit_live()
+                        received = 0
                 async with watching(self.request, self.upload):
                     await self._chunk(None)
                     await self._spool(await self.services.run(self.upload.finish), 0)
@@ -137,6 +169,7 @@ class Receiver:
                 await self._commit(ok=False)  # a bug: close the parts (nothing applied), then a 500
                 raise
             await self._commit(ok=self.out.failure is None and not self.out.disconnected)
+            self.out.merge_live()
             if self.out.failure is None and not self.out.disconnected:
                 await self._commit_nodes()
         finally:
@@ -240,6 +273,54 @@ class Receiver:
                 budget.charge()
 
         return run
+
+    async def _body(self) -> AsyncIterator[bytes]:
+        """The body's chunks; a live stream's also an empty one every live_commit_s while nothing arrives (a job
+        that prints a traceback, then hangs, still has it applied)."""
+        if not self.live_s:
+            async for chunk in self.request.stream():
+                yield chunk
+            return
+        queue: asyncio.Queue[bytes | Exception | None] = asyncio.Queue(maxsize=4)
+
+        async def pull() -> None:
+            try:
+                async for chunk in self.request.stream():
+                    await queue.put(chunk)
+                await queue.put(None)
+            except Exception as e:  # noqa: BLE001 - ClientDisconnect or a parse of the body: the reader raises it
+                await queue.put(e)
+
+        task = asyncio.get_running_loop().create_task(pull())
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), self.live_s)
+                except TimeoutError:
+                    yield b""
+                    continue
+                if item is None:
+                    return
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    async def _commit_live(self) -> None:
+        """Apply a live stream's lines so far (its pieces' lines are durable and diagnosed as they come); a
+        dropped stream keeps what was applied before the drop. Each piece has its own CPU budget."""
+        self.last_commit = time.monotonic()
+        if not self.out.parts:
+            return
+        await self._commit(ok=True)
+        self._release()
+        self.out.keep_live()
+        self.upload.budget.spent_s = 0.0
 
     async def _commit(self, ok: bool) -> None:
         jobs = self.services.jobs

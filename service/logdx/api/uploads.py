@@ -157,7 +157,9 @@ def _refusal_text(refused: dict[str, int]) -> str:
 _UPLOAD_DESCRIPTION = """\
 The body is streamed (chunked transfer encoding welcome) and spooled as it arrives; its lines are
 applied when it is complete (a dropped request applies nothing; with the same `Idempotency-Key`, a
-retry counts once).
+retry counts once). A live stream — chunked, no Content-Length, no Idempotency-Key (`... | curl -X POST
+-T -`) — has what arrived applied every `server.live_commit_s`, so the job is diagnosed while it runs;
+a live stream cut off keeps what was applied before the cut.
 
 - `text/plain` (or no Content-Type): log lines; `X-Logdx-Rank`, `X-Logdx-Host`, `X-Logdx-Stream`
   describe every line of the request; CRI container log lines are unwrapped.

@@ -1,7 +1,7 @@
 """`logdx nodes` and `logdx actions`: the nodes logdx knows and the safety switches, on the command
 line, over the same database as `logdx serve` and `logdx run` (`store.path`).
 
-    logdx nodes [--blamed] [--json]          nodes seen in job logs; blamed / cordoned first
+    logdx nodes [--blamed] [--json]          nodes seen in job logs; blamed / cordoned first, with their grades
     logdx nodes show NODE                    one node's history (JSON)
     logdx nodes uncordon NODE --by NAME      a person's all-clear (audited; "resolved" alerts follow)
     logdx nodes check                        run actions.health_check_command now
@@ -100,12 +100,20 @@ def _list(args: argparse.Namespace) -> int:
     if not nodes:
         print("no node seen yet")
         return EXIT_OK
-    rows = [("node", "state", "since", "events", "jobs", "failure types")]
+    rows = [("node", "grade", "state", "since", "events", "jobs", "failure types")]
     for n in nodes:
         jobs = f"{len(n.jobs)}" + (" (several jobs)" if n.blamed_by_several_jobs else "")
         types = ", ".join(f"{t or '?'} x{c}" for t, c in n.failure_types.items()) or "-"
-        rows.append((n.node, n.state, _when(n.state_since) if n.state != "ok" else "-", str(n.events), jobs, types))
+        grade = (n.grade.grade if n.grade is not None else "ok") + (" (avoided)" if n.avoided else "")
+        rows.append((n.node, grade, n.state, _when(n.state_since) if n.state != "ok" else "-", str(n.events), jobs,
+                     types))
     _table(rows)
+    graded = [n for n in nodes if n.grade is not None and n.grade.grade != "ok"]
+    if graded:
+        print("")
+        for n in graded:
+            assert n.grade is not None
+            print(f"{n.node}: {n.grade.grade}: {n.grade.reason}")
     return EXIT_OK
 
 

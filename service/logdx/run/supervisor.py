@@ -139,6 +139,7 @@ class Supervisor:
                 attempt.decision = f"stop: {why}"
                 self._respond(attempt, excluded=[], previous=previous)
                 if attempt.trigger == "ok":
+                    self._credit(attempt)
                     self._resolved()
                 return self._done(exit_code)
             delay = backoff_delay(opts, number)
@@ -185,6 +186,15 @@ class Supervisor:
                 self.say(f"{rec.action} {rec.node or ''} (dry run): {rec.detail}")
             else:
                 self.say(f"{rec.action} {rec.node or ''}: {rec.outcome}: {rec.detail}")
+
+    def _credit(self, a: Attempt) -> None:
+        """The job ended well and its report earned `healthy`: evidence for the nodes it ran on (their grades,
+        `logdx nodes`), its runtime the attempt's own."""
+        if self.responder is None or a.report is None or a.report.status != "healthy":
+            return
+        runtime_s = max(0.0, (a.ended_at or a.started_at) - a.started_at)
+        for rec in self.responder.credit(self._alert_id(a), a.report, a.hosts, runtime_s):
+            self.say(f"{rec.action} {rec.node or ''}: {rec.outcome}: {rec.detail}")
 
     def _resolved(self) -> None:
         """The job succeeded: the alerts about its failed attempts get a "resolved" follow-up."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
@@ -21,6 +22,7 @@ from pydantic import BaseModel, Field
 
 from logdx.act.render import recommended_action
 from logdx.act.report import Report
+from logdx.model import Action, Category
 from logdx.taxonomy import taxonomy
 from logdx.web.view import JobView, RankRow, ViewEvent
 
@@ -149,15 +151,28 @@ def _json_for_script(data: Any) -> str:
 
 
 def corroboration_words(view: JobView) -> str:
-    """The safety basis of the culprit, in words: what a cordon would rest on."""
-    c = view.report.culprits
-    if not (c.hosts or c.ranks):
-        return "No culprit: the log does not single out a host or a rank."
-    basis = f" ({c.basis})" if c.basis else ""
+    """What a cordon of the blamed node would rest on, in plain words; "" where no node is blamed (a
+    script's error, an unnamed host, nothing failed): the culprit list says the rest."""
+    report = view.report
+    c = report.culprits
+    blames_a_node = report.status == "failed" and bool(c.hosts) and (
+        report.category == Category.INFRASTRUCTURE or report.action == Action.CORDON_AND_RESTART)
+    if not blames_a_node:
+        return ""
+    hosts = ", ".join(c.hosts)
+    rests = f"the blame on {hosts} rests on {_plain(c.basis)}" if c.basis else f"{hosts} is blamed"
     if c.corroborated:
-        return f"Corroborated{basis}: a second signal agrees (the host printed the fault itself, or the blamed rank " \
-               "stopped)."
-    return f"Not corroborated{basis}: one signal only, so logdx will not cordon on it alone."
+        return f"Corroborated: {rests}, and a second signal agrees: the host printed the fault itself, or its rank " \
+               "stopped."
+    rests = f"the blame on {hosts} rests on one signal only, {_plain(c.basis)}" if c.basis else \
+        f"one signal only blames {hosts}"
+    return f"Not corroborated: {rests}. logdx will not cordon on one signal alone."
+
+
+def _plain(basis: str) -> str:
+    """A culprit basis without its asides in brackets ("its own host (prefix or stream)" reads
+    "its own host, prefix or stream"), for a sentence that has none."""
+    return re.sub(r"\s*\(([^()]*)\)", r", \1", basis).strip()
 
 
 def _cascade_summary(events: list[ViewEvent]) -> dict[str, int]:
@@ -190,9 +205,10 @@ def _lane_rows(view: JobView) -> list[dict[str, Any]]:
     for lane in view.lanes:
         rows = [_rank_row(r, by_rank.get(r.rank, []) if r.rank is not None else [], view) for r in lane.ranks]
         host_events = by_host.get(lane.host, [])
-        lanes.append({"host": lane.host, "culprit": lane.culprit, "rows": rows,
-                      "host_events": [_marker(e, view) for e in host_events],
-                      "root": any(e.role == "root" for e in host_events) or any(r["root"] for r in rows)})
+        host_row = _rank_row(lane.progress or RankRow(rank=None), host_events, view) \
+            if host_events or lane.progress else None
+        lanes.append({"host": lane.host, "culprit": lane.culprit, "rows": rows, "host_row": host_row,
+                      "root": any(r["root"] for r in [*rows, *([host_row] if host_row else [])])})
     return lanes
 
 

@@ -50,6 +50,8 @@ class HostLane(BaseModel):
     host: str = Field(description="'' for lines that named no host")
     culprit: bool = False
     ranks: list[RankRow] = Field(default_factory=list)
+    progress: RankRow | None = Field(None, description="the progress of the host's lines that named no rank (a "
+                                     "per-host file, a single process): its row has rank None")
 
 
 class ViewEvent(BaseModel):
@@ -166,12 +168,20 @@ def _lanes(report: Report, rank_hosts: dict[int, str], events: list[ViewEvent]) 
     """One lane per host, culprits first, then by name; a rank's row holds its progress."""
     rows: dict[int | None, RankRow] = {}
     host_of: dict[int, str] = dict(rank_hosts)
-    first = set(report.progress.first_stopped.ranks) if report.progress and report.progress.first_stopped else set()
+    stopped = report.progress.first_stopped if report.progress else None
+    first = set(stopped.ranks) if stopped else set()
+    first_hosts = {h.lower() for h in stopped.hosts} if stopped and not stopped.ranks else set()
     culprit_ranks = set(report.culprits.ranks)
     hosts: set[str] = set()
+    host_progress: dict[str, RankRow] = {}
     for s in report.progress.per_source if report.progress else []:
         if s.rank is None:
-            hosts.add(s.host or _NO_HOST)
+            # A source that named no rank is its host's (a per-host file, a single process): the host's own row.
+            host = s.host or _NO_HOST
+            hosts.add(host)
+            host_progress[host] = RankRow(rank=None, first_line=s.first_line, last_line=s.last_line,
+                                          first_step=s.first_step, last_step=s.last_step, last_ts=s.last_ts,
+                                          stopped_first=host.lower() in first_hosts)
             continue
         if s.host:
             host_of.setdefault(s.rank, s.host)
@@ -187,7 +197,7 @@ def _lanes(report: Report, rank_hosts: dict[int, str], events: list[ViewEvent]) 
     rank: int | None
     for rank in host_of:
         rows.setdefault(rank, RankRow(rank=rank))
-    lanes: dict[str, HostLane] = {h: HostLane(host=h) for h in hosts}
+    lanes: dict[str, HostLane] = {h: HostLane(host=h, progress=host_progress.get(h)) for h in hosts}
     for rank, row in sorted(rows.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
         row.culprit = rank in culprit_ranks
         host = host_of.get(rank, _NO_HOST) if rank is not None else _NO_HOST

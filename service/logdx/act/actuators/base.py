@@ -85,6 +85,24 @@ class Actuator(Protocol):
         """Put the node back into scheduling; returns what was done."""
         ...
 
+    def describe_avoid(self, node: NodeName, family: str) -> str:
+        """What `avoid` would do."""
+        ...
+
+    def avoid(self, node: NodeName, family: str, reason: str) -> tuple[str, str]:
+        """Make the scheduler prefer other nodes over this one, without taking it out (a node graded `avoid`,
+        `logdx.act.nodes`); returns what was done and what `unavoid` needs to undo it exactly (the weight it
+        had). Any exception is audited as a failure."""
+        ...
+
+    def describe_unavoid(self, node: NodeName, undo: str) -> str:
+        """What `unavoid` would do."""
+        ...
+
+    def unavoid(self, node: NodeName, undo: str) -> str:
+        """Lift the avoid mark (`undo`: what `avoid` returned for it); returns what was done."""
+        ...
+
     def nodes_of_job(self, job_name: str) -> list[str] | None:
         """The nodes the scheduler ran the job on (its name as its shipper gave it), or None when the scheduler
         does not know it: what makes a culprit host that only a claim named one of the job's

@@ -1,6 +1,8 @@
 """Kubernetes: cordon = PATCH the Node's `spec.unschedulable: true` (what `kubectl cordon` does),
 with an annotation saying why (and `logdx.io/capsule`: the evidence capsule's sha256); with `actions.kubernetes.taint`, also the taint
-`logdx.io/failure=<failure_type>:NoSchedule`; uncordon undoes all three. The API server is
+`logdx.io/failure=<failure_type>:NoSchedule`; uncordon undoes all three. Avoid (a node graded `avoid`) = the
+taint `logdx.io/avoid=<family>:PreferNoSchedule` (the scheduler places pods elsewhere when it can) with an
+annotation saying why; unavoid removes both. Cordon and uncordon leave the avoid taint alone. The API server is
 `actions.kubernetes.api` with `actions.kubernetes.token` when set, else the in-cluster service account,
 else `~/.kube/config`. Node names reach the API path only as validated `NodeName`s."""
 
@@ -17,6 +19,9 @@ from logdx.settings_base import Section
 TAINT_KEY = "logdx.io/failure"
 ANNOTATION_KEY = "logdx.io/cordon-reason"
 CAPSULE_KEY = "logdx.io/capsule"  # the sha256 of the evidence capsule written before the cordon
+AVOID_TAINT_KEY = "logdx.io/avoid"
+AVOID_EFFECT = "PreferNoSchedule"
+AVOID_ANNOTATION_KEY = "logdx.io/avoid-reason"
 KUBE_TIMEOUT_S = 30.0
 
 
@@ -88,6 +93,30 @@ class KubernetesActuator:
         self._patch(require_node(node), patch_of)
         return f"patched node {node}: schedulable"
 
+    def describe_avoid(self, node: NodeName, family: str) -> str:
+        return f"PATCH node {node}: taint {AVOID_TAINT_KEY}={family}:{AVOID_EFFECT}"
+
+    def avoid(self, node: NodeName, family: str, reason: str) -> tuple[str, str]:
+        def patch_of(current: Any) -> dict[str, Any]:
+            taints = _other_taints(current, AVOID_TAINT_KEY)
+            taints.append({"key": AVOID_TAINT_KEY, "value": family, "effect": AVOID_EFFECT})
+            return {"metadata": {"annotations": {AVOID_ANNOTATION_KEY: f"logdx: {reason}"[:250]}},
+                    "spec": {"taints": taints}}
+
+        self._patch(require_node(node), patch_of)
+        return f"patched node {node}: taint {AVOID_TAINT_KEY}={family}:{AVOID_EFFECT}", ""
+
+    def describe_unavoid(self, node: NodeName, undo: str) -> str:
+        return f"PATCH node {node}: without the taint {AVOID_TAINT_KEY} and its annotation"
+
+    def unavoid(self, node: NodeName, undo: str) -> str:
+        def patch_of(current: Any) -> dict[str, Any]:
+            return {"metadata": {"annotations": {AVOID_ANNOTATION_KEY: None}},
+                    "spec": {"taints": _other_taints(current, AVOID_TAINT_KEY)}}
+
+        self._patch(require_node(node), patch_of)
+        return f"patched node {node}: no {AVOID_TAINT_KEY} taint"
+
     def _patch(self, node: NodeName, patch_of: Any) -> None:
         """Read the node, PATCH what `patch_of(node)` says, guarded by its resourceVersion (a node
         that changed under us is read again, twice at most)."""
@@ -142,8 +171,8 @@ def api_client(api: str, token: str) -> Any:
     return client.ApiClient()
 
 
-def _other_taints(current: Any) -> list[dict[str, Any]]:
-    """The node's taints other than logdx's own, as plain dicts."""
+def _other_taints(current: Any, key: str = TAINT_KEY) -> list[dict[str, Any]]:
+    """The node's taints other than logdx's own `key`, as plain dicts."""
     own = (current.spec.taints or []) if current.spec else []
-    taints = [t.to_dict() for t in own if t.key != TAINT_KEY]
+    taints = [t.to_dict() for t in own if t.key != key]
     return [{k: v for k, v in t.items() if v is not None} for t in taints]

@@ -37,6 +37,14 @@
   drawCurve(document.getElementById("loss-chart"), data.loss, "loss", "#1f6feb");
   drawCurve(document.getElementById("step-time-chart"), data.step_time, "seconds per step", "#8250df");
 
+  // The root line in context opens on the root line, in the middle of its box: the box scrolls,
+  // never the page (scrollIntoView would move the page down to it).
+  var box = document.querySelector("pre.context"), rootLine = box && box.querySelector(".ctx.root");
+  if (rootLine) {
+    var offset = rootLine.getBoundingClientRect().top - box.getBoundingClientRect().top + box.scrollTop;
+    box.scrollTop = Math.max(0, offset - (box.clientHeight - rootLine.offsetHeight) / 2);
+  }
+
   var link = document.getElementById("show-cascade"), lanes = document.querySelector(".lanes");
   function setLinked(on) {
     if (!lanes) return;
