@@ -341,3 +341,29 @@ def test_a_session_snapshot_leaves_the_rings_behind_and_the_restored_session_rec
     assert restored.recorder is not None and restored.recorder.tails == {} and restored.recorder.context_lines == 50
     restored.feed("[rank3]: iteration 5000 | lm loss: 2.0")
     assert [r.text for r in restored.recorder.tails["r3"]] == ["iteration 5000 | lm loss: 2.0"]
+
+
+def test_the_avoid_taint_of_a_repeat_offender_comes_after_its_capsule_too(tmp_path, receiver):
+    from logdx.act.report import Culprits, RootCause
+
+    def network(job: str):
+        text = f"node-17:2231:2290 [3] NCCL WARN NET/IB : Got completion from peer 10.0.0.7 with error 12 ({job})"
+        return failed_report(hosts=("node-17",), failure_type="nccl_error", action="restart", confidence=0.95,
+                             culprits=Culprits(hosts=["node-17"], ranks=[3], corroborated=True, basis="its own line"),
+                             root_cause=RootCause(line_no=40, text=text, rank=3, host="node-17"))
+
+    settings = ActionsSettings(dry_run=False, actuator="kubernetes", cluster_size=20,
+                               capsule=CapsuleSettings(dir=tmp_path / "capsules"))
+    with receiver.FakeKube(nodes=["node-17"]) as kube:
+        settings.kubernetes.api = kube.url
+        db = open_db(tmp_path / "logdx.db")
+        actions = Actions(db, settings, capsules=CapsuleWriter(settings.capsule))
+        assert actions.apply("job-1", network("job-1")) == []  # suspect: nothing touched, nothing kept
+        capsule_row, avoid_row = actions.apply("job-2", network("job-2"))
+        assert (capsule_row.action, capsule_row.outcome, avoid_row.action, avoid_row.outcome) == \
+            ("capsule", "ok", "avoid", "ok")
+        capsule = _capsule_of(capsule_row.to_dict())
+        decision = json.loads((capsule / ".capsule" / "decision.json").read_text())
+        assert decision["action"] == "avoid" and "PreferNoSchedule" in decision["would"][0]
+        assert any(t["key"] == "logdx.io/avoid" for t in kube.nodes["node-17"]["spec"]["taints"])
+        db.close()

@@ -241,7 +241,12 @@ class Actions:
             outcome = "refused" if why.startswith((NODE_UNKNOWN, UNVERIFIED_HOST)) else "skipped"
             out.append(self._audit(key, job_id, None, "cordon", self._actuator_name, outcome, why, report))
         if graded is not None and not _taken_out(out, graded.node):
-            avoided = self._avoid(key, job_id, report, graded, escalated)
+            missing = ""
+            if self._taints(report, graded, escalated) and not any(r.action == "capsule" for r in out):
+                rec, _, missing = self._capsule(key, job_id, [graded.node], report, escalated, evidence, "avoid",
+                                                graded.family)
+                out.append(rec)
+            avoided = self._avoid(key, job_id, report, graded, escalated, missing)
             if avoided is not None:
                 out.append(avoided)
         if restart and self.restart_hook is not None:
@@ -294,10 +299,16 @@ class Actions:
         window = min(s.breaker_window_s, self.clock() - breaker.since) if breaker.since else s.breaker_window_s
         return breaker_refusal(node, self._recent_cordons(window), self.nodes.known_count(), s) is None
 
+    def _taints(self, report: Report, step: GradeStep, escalated: str) -> bool:
+        """Whether marking the node `avoid` may happen (read only, as `_avoid` decides): a capsule comes first."""
+        return self.actuator is not None and self.capsules is not None and self.nodes.avoided(step.node) is None \
+            and cordon_refusal(report, self.settings, escalated, step.reason) is None and not self.nodes.breaker().open
+
     def _capsule(self, key: str, job_id: str, targets: list[NodeName], report: Report, escalated: str,
-                 evidence: Evidence | None) -> tuple[ActionRecord, Capsule | None, str]:
-        """Write the evidence capsule (`logdx.act.capsule`) and audit it, before any cordon's row: the record,
-        the capsule, and why it is missing ('' when it is not)."""
+                 evidence: Evidence | None, action: str = "cordon",
+                 family: str = "") -> tuple[ActionRecord, Capsule | None, str]:
+        """Write the evidence capsule (`logdx.act.capsule`) and audit it, before the row of the cordon (or of the
+        `avoid` taint, `action`): the record, the capsule, and why it is missing ('' when it is not)."""
         assert self.capsules is not None and self.actuator is not None
         actuator = self.actuator
         kept = [r for r in self.by_key(key) if r.action == "capsule"]
@@ -308,9 +319,10 @@ class Actions:
             digest, _, rest = rec.detail.removeprefix("sha256:").partition(" at ")
             return rec, Capsule(digest, Path(rest.rsplit(" (", 1)[0]), 0), ""
         decision = {
-            "action": "cordon", "nodes": [str(n) for n in targets], "dry_run": self.settings.dry_run,
-            "actuator": actuator.name, "policy": "the safety policy allows the cordon (logdx.act.policy.cordon_refusal)",
-            "escalated": escalated, "would": [actuator.describe(n, job_id, report) for n in targets],
+            "action": action, "nodes": [str(n) for n in targets], "dry_run": self.settings.dry_run,
+            "actuator": actuator.name, "policy": f"the safety policy allows the {action} (logdx.act.policy.cordon_refusal)",
+            "escalated": escalated, "would": [actuator.describe(n, job_id, report) if action == "cordon"
+                                              else actuator.describe_avoid(n, family) for n in targets],
             "category": report.category, "failure_type": report.failure_type, "action_recommended": report.action,
             "confidence": report.confidence, "decided_by": report.decided_by, "culprits": report.culprits.model_dump(),
             "min_confidence": self.settings.min_confidence,
@@ -349,7 +361,8 @@ class Actions:
                   f"and {n - 1} before it (actions.grades.{grade}_after: {threshold}; logdx nodes show {node})")
         return GradeStep(node, grade, family, reason)
 
-    def _avoid(self, key: str, job_id: str, report: Report, step: GradeStep, escalated: str) -> ActionRecord | None:
+    def _avoid(self, key: str, job_id: str, report: Report, step: GradeStep, escalated: str,
+               missing: str = "") -> ActionRecord | None:
         """Mark the node for the scheduler to prefer others, as the policy allows; None when it is marked already
         or no actuator is configured."""
         node, actuator = step.node, self.actuator
@@ -364,6 +377,9 @@ class Actions:
             return self._audit(key, job_id, node, "avoid", actuator.name, "refused",
                                f"circuit breaker open since {_when(breaker.since)} ({breaker.reason}); "
                                f"a person closes it: logdx actions reset ({step.reason})", report)
+        if missing and not self.settings.capsule.act_without:
+            return self._audit(key, job_id, node, "avoid", actuator.name, "refused",
+                               f"{missing}; actions.capsule.act_without is false: no taint without the evidence", report)
         rec, new = self._claim(key, job_id, node, "avoid", actuator.name, report)
         if not new:
             return rec
