@@ -69,7 +69,7 @@ class Capsule:
     left_out: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        left = f"; size cap left out {'; '.join(self.left_out)}" if self.left_out else ""
+        left = f"; the size cap left out parts of {len(self.left_out)} stream(s): see its manifest" if self.left_out else ""
         return f"sha256:{self.digest} at {self.path} ({self.size} bytes{left})"
 
 
