@@ -46,6 +46,7 @@ from logdx.act.policy import (
     RestartVerdict,
     breaker_refusal,
     budget_refusal,
+    capsule_refusal,
     cordon_refusal,
     cordon_targets,
     restart_refusal,
@@ -377,9 +378,9 @@ class Actions:
             return self._audit(key, job_id, node, "avoid", actuator.name, "refused",
                                f"circuit breaker open since {_when(breaker.since)} ({breaker.reason}); "
                                f"a person closes it: logdx actions reset ({step.reason})", report)
-        if missing and not self.settings.capsule.act_without:
-            return self._audit(key, job_id, node, "avoid", actuator.name, "refused",
-                               f"{missing}; actions.capsule.act_without is false: no taint without the evidence", report)
+        refused = capsule_refusal(missing, self.settings, "avoid mark")
+        if refused is not None:
+            return self._audit(key, job_id, node, "avoid", actuator.name, "refused", refused, report)
         rec, new = self._claim(key, job_id, node, "avoid", actuator.name, report)
         if not new:
             return rec
@@ -447,10 +448,9 @@ class Actions:
         if state == "cordoned":
             return self._audit(key, job_id, node, "cordon", actuator.name, "skipped",
                                f"{ALREADY_CORDONED} (by {by or 'logdx'})", report)
-        if missing and not s.capsule.act_without:
-            return self._audit(key, job_id, node, "cordon", actuator.name, "refused",
-                               f"{missing}; actions.capsule.act_without is false: no cordon without the evidence",
-                               report)
+        refused = capsule_refusal(missing, s)
+        if refused is not None:
+            return self._audit(key, job_id, node, "cordon", actuator.name, "refused", refused, report)
         # Reserve a slot under the limits, atomically with counting them.
         with self.db.transaction(lock=CORDON_LOCK):
             refused = self._limit_refusal(node)
