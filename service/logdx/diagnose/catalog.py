@@ -27,6 +27,7 @@ import gzip
 import json
 import math
 import re
+import sqlite3
 import threading
 from collections import defaultdict
 from collections.abc import Iterable
@@ -377,17 +378,59 @@ def catalog() -> Catalog:
     if _loaded is None:
         with _lock:
             if _loaded is None:
-                built = catalog_meta().get("format")
-                if built != FORMAT_VERSION:
-                    raise RuntimeError(f"{CATALOG_PATH} has format {built}; this logdx reads format "
-                                       f"{FORMAT_VERSION}: rebuild it with `make catalog`")
-                _loaded = Catalog.load()
+                _loaded = _load_checked()
+    return _loaded
+
+
+def _load_checked() -> Catalog:
+    built = catalog_meta().get("format")
+    if built != FORMAT_VERSION:
+        raise RuntimeError(f"{CATALOG_PATH} has format {built}; this logdx reads format "
+                           f"{FORMAT_VERSION}: rebuild it with `make catalog`")
+    return Catalog.load()
+
+
+_matcher: Catalog | None = None  # what `match` asks: the prebuilt index's view, else the parsed catalog
+_cache_dir: Path | None = None
+
+
+def use_cache_dir(path: Path | None) -> None:
+    """Where an index of the catalog is built when none was installed (`<data_dir>/cache`)."""
+    global _cache_dir
+    _cache_dir = path
+
+
+def _the_matcher() -> Catalog:
+    """The catalog `match` consults, chosen once: the prebuilt index (`catalog_index`), read a row at a
+    time; without one, the catalog parsed in memory (and indexed into the cache dir for next time)."""
+    global _matcher
+    if _matcher is None:
+        with _lock:
+            if _matcher is None:
+                from logdx.diagnose import catalog_index
+
+                found = catalog_index.find_or_build(cache_dir=_cache_dir, parsed=_parsed)
+                _matcher = found.catalog if found is not None and _loaded is None else _parsed()
+    return _matcher
+
+
+def _parsed() -> Catalog:
+    # `catalog()` takes the lock `_the_matcher` holds: parse without it (the caller holds it).
+    global _loaded
+    if _loaded is None:
+        _loaded = _load_checked()
     return _loaded
 
 
 def match(line: str, exception_type: str | None = None, limit: int = 5) -> list[CatalogHit]:
-    """`catalog().match(...)`: the known messages a line came from, best first."""
-    return catalog().match(line, exception_type, limit)
+    """The known messages a line came from, best first (the same answers as `catalog().match`)."""
+    global _matcher
+    matcher = _the_matcher()
+    try:
+        return matcher.match(line, exception_type, limit)
+    except sqlite3.Error:  # an index that broke under us: the catalog itself answers from now on
+        _matcher = catalog()
+        return _matcher.match(line, exception_type, limit)
 
 
 @cache
