@@ -425,17 +425,18 @@ def test_the_alert_states_the_recommendation_and_what_was_actually_done(rx, db, 
     from logdx.testing import failed_report
 
     alerts = {"webhooks": [{"url": rx.url + "/hook", "secret": SECRET}], "node_dedup_s": 0}
-    refused = Responder(db, Settings(alerts=alerts, actions={"actuator": "slurm", "dry_run": False,
-                                                            "max_cordons": 0, "slurm": {"scontrol": "/bin/false"}}))
+    refused = Responder(db, Settings(data_dir=tmp_path, alerts=alerts, actions={
+        "actuator": "slurm", "dry_run": False, "max_cordons": 0, "slurm": {"scontrol": "/bin/false"}}))
     resp = refused.respond("job-1", failed_report())
-    assert resp.alert_queued and [a.outcome for a in resp.actions] == ["refused"]
-    dry = Responder(db, Settings(alerts=alerts, actions={"actuator": "slurm"}))
+    assert resp.alert_queued and [a.outcome for a in resp.actions] == ["refused"]  # no evidence capsule: no cordon
+    dry = Responder(db, Settings(data_dir=tmp_path, alerts=alerts, actions={"actuator": "slurm"}))
     assert dry.respond("job-2", failed_report()).alert_queued
-    unnamed = Responder(db, Settings(alerts=alerts, actions={"actuator": "slurm", "dry_run": False}))
+    unnamed = Responder(db, Settings(data_dir=tmp_path, alerts=alerts, actions={"actuator": "slurm", "dry_run": False}))
     assert unnamed.respond("job-3", failed_report(hosts=())).alert_queued
     refused.outbox.deliver_due()
     done = [r.json()["data"]["done"] for r in rx.wait_for(3)]
     assert done[0] == ["cordon node-17: refused (safety limit: 0 node(s) already cordoned in the last 3600 s (-); "
                        "actions.max_cordons=0)"]
-    assert done[1][0].startswith("cordon node-17: dry run, nothing changed (would run: scontrol update NodeName=node-17")
+    assert done[1][0].startswith("evidence capsule sha256:")  # kept in a dry run too (tests/test_capsule.py)
+    assert done[1][1].startswith("cordon node-17: dry run, nothing changed (would run: scontrol update NodeName=node-17")
     assert done[2][0].startswith("cordon: refused (node name unknown")

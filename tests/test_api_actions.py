@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -306,7 +307,8 @@ def test_nodes_blamed_by_several_jobs_and_uncordon_with_resolved(tmp_path, rx, k
             hooks = _wait(lambda: rx.of("/hook") if len(rx.of("/hook")) >= 2 else None)
             assert sorted(h.json()["data"]["job_id"] for h in hooks) == ["a-1", "b-1"]
             first = next(h for h in hooks if h.json()["data"]["job_id"] == "a-1")
-            assert first.json()["data"]["done"][0].startswith("cordon gpu-node-00: done (patched node")
+            done = first.json()["data"]["done"]  # the evidence capsule kept before the cordon (tests/test_capsule.py)
+            assert done[0].startswith("evidence capsule sha256:") and done[1].startswith("cordon gpu-node-00: done (patched node")
             assert c.get("/v1/nodes/gpu[0-9]").status_code == 400
             assert c.get("/v1/nodes/gpu-node-77").status_code == 404
             r = c.post("/v1/nodes/gpu-node-00/uncordon", json={"by": "carol", "reason": "GPU replaced"})
@@ -371,16 +373,18 @@ def test_the_restart_hook_learns_from_the_attempts_and_a_time_limit_resubmits(tm
 
     try:
         with srv.client() as c:
-            def rows(job: str) -> list[tuple[str, str]]:
-                return [(a["action"], a["outcome"]) for a in _audit(c) if a["job_id"] == job]
+            def rows(job: str) -> list[tuple[str, str]] | None:
+                """The job's audit once its restart is decided (its evidence capsule and cordon come before)."""
+                out = [(a["action"], a["outcome"]) for a in _audit(c) if a["job_id"] == job]
+                return out if any(action == "restart" for action, _ in out) else None
 
             _post(c, "train.attempt-1", _xid_job(5))  # gpu-node-00
             _end(c, "train.attempt-1")
-            assert _wait(lambda: rows("train.attempt-1")) == [("cordon", "ok"), ("restart", "ok")]
+            assert _wait(lambda: rows("train.attempt-1")) == [("capsule", "ok"), ("cordon", "ok"), ("restart", "ok")]
             # The restarted job fails the same way on another node: the job, not the nodes.
             _post(c, "train.attempt-2", _xid_job(13))  # gpu-node-01
             _end(c, "train.attempt-2")
-            assert _wait(lambda: rows("train.attempt-2")) == [("cordon", "ok"), ("restart", "skipped")]
+            assert _wait(lambda: rows("train.attempt-2")) == [("capsule", "ok"), ("cordon", "ok"), ("restart", "skipped")]
             skipped = [a for a in _audit(c) if a["job_id"] == "train.attempt-2" and a["action"] == "restart"][0]
             assert "follows the job" in skipped["detail"]
             # A time limit: resubmitted, nothing cordoned.
@@ -458,7 +462,9 @@ def test_sigkill_during_long_uploads_yields_one_alert_and_one_action_per_diagnos
         assert rep["culprits"]["hosts"] == [rank_host(5)] and rep["compression"]["lines_in"] == total
         time.sleep(1.5)  # give a (wrong) second alert or action every chance
         assert len(rx.of("/hook")) == 1 and len(rx.of("/slack")) == 1
-        assert calls() == [["update", f"NodeName={rank_host(5)}", "State=DRAIN", "Reason=logdx: gpu_fell_off_bus long-1"]]
+        [call] = calls()  # once, its reason naming the evidence capsule written before it
+        assert call[:3] == ["update", f"NodeName={rank_host(5)}", "State=DRAIN"]
+        assert re.fullmatch(r"Reason=logdx: gpu_fell_off_bus long-1 capsule=[0-9a-f]{16}", call[3])
         assert restarts.read_text().splitlines() == ["long-1"]
     finally:
         up.set()

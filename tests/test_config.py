@@ -234,5 +234,6 @@ def test_the_reference_names_every_setting_once() -> None:
     leaves = {row for row in rows if "[]" not in row}
     assert len(rows) == len(set(rows))
     dotted = {"LOGDX_" + name.replace(".", "__").upper() for name in leaves if "." in name}
-    sections = {"LOGDX_ACTIONS__KUBERNETES", "LOGDX_ACTIONS__SLURM", "LOGDX_ACTIONS__GRADES"}  # section rows
+    sections = {"LOGDX_ACTIONS__KUBERNETES", "LOGDX_ACTIONS__SLURM", "LOGDX_ACTIONS__GRADES",
+                "LOGDX_ACTIONS__CAPSULE"}  # section rows
     assert dotted - sections == set(env_names()) - {"LOGDX_DATA_DIR"}

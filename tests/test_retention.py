@@ -86,7 +86,8 @@ def test_each_kind_goes_after_its_age_and_what_is_needed_stays(tmp_path: Path, r
         assert sum(sweeper.sweep().values()) == 0
 
         clock.t = now + 8 * DAY  # past idle_jobs_days (7)
-        assert sweeper.sweep() == {"ended_jobs": 0, "idle_jobs": 1, "reports": 0, "alerts": 0, "audit": 0}
+        assert sweeper.sweep() == {"ended_jobs": 0, "idle_jobs": 1, "reports": 0, "alerts": 0, "audit": 0,
+                                   "capsules": 0}
         assert c.get("/v1/jobs/idle-run").status_code == 404 and not spool.exists()
         assert c.get("/v1/jobs/old-run").json()["state"] == "ended"
         assert count(app, "web_job_views", "job_id = 'old-run'") == 1

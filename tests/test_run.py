@@ -425,16 +425,21 @@ def test_restart_drains_the_node_through_scontrol_and_alerts_once_per_failed_att
                 fixture_args=["--fail-attempts", "1"], env={"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"})
         assert r.code == 0, r.err
         reqs = rx.wait_for(2)
-    assert calls() == [["update", "NodeName=gpu-node-02", "State=DRAIN", "Reason=logdx: ecc_error job-7/attempt-1"]]
     first = r.attempts[0]
-    assert [(x["action"], x["node"], x["outcome"]) for x in first["actions"]] == [("cordon", "gpu-node-02", "ok")]
+    # The evidence capsule first (tests/test_capsule.py), then the drain whose reason names it.
+    assert [(x["action"], x["node"], x["outcome"]) for x in first["actions"]] == \
+        [("capsule", "gpu-node-02", "ok"), ("cordon", "gpu-node-02", "ok")]
+    digest = first["actions"][0]["detail"].removeprefix("sha256:")[:16]
+    assert calls() == [["update", "NodeName=gpu-node-02", "State=DRAIN",
+                        f"Reason=logdx: ecc_error job-7/attempt-1 capsule={digest}"]]
     # One alert about the failed attempt, saying what was done, then "resolved" when the job succeeded.
     assert len(reqs) == 2
     assert all(verify(SECRET, q.headers, q.body) for q in reqs)
     data = reqs[0].json()["data"]
     assert data["job_id"] == "job-7/attempt-1" and data["report"]["category"] == "infrastructure"
-    assert data["done"][0].startswith("cordon gpu-node-02: done (ran: scontrol update NodeName=gpu-node-02")
-    assert data["done"][1:] == ["excluded gpu-node-02 from the next launch",
+    assert data["done"][0].startswith(f"evidence capsule sha256:{digest}")
+    assert data["done"][1].startswith("cordon gpu-node-02: done (ran: scontrol update NodeName=gpu-node-02")
+    assert data["done"][2:] == ["excluded gpu-node-02 from the next launch",
                                 "logdx run: restart in 0.2 s: infrastructure failure (ecc_error)"]
     resolved = reqs[1].json()
     assert resolved["type"] == "logdx.resolved" and resolved["data"]["job_id"] == "job-7/attempt-1"
@@ -443,7 +448,8 @@ def test_restart_drains_the_node_through_scontrol_and_alerts_once_per_failed_att
     db = open_db(tmp_path / "logdx.db")
     audit = Actions(db, ActionsSettings(dry_run=False)).audit("job-7/attempt-1")
     db.close()
-    assert [(a.node, a.outcome, a.dry_run) for a in audit] == [("gpu-node-02", "ok", False)]
+    assert [(a.action, a.node, a.outcome, a.dry_run) for a in audit] == \
+        [("capsule", "gpu-node-02", "ok", False), ("cordon", "gpu-node-02", "ok", False)]
 
 
 def test_a_node_range_in_the_log_drains_nothing(tmp_path, scontrol, receiver):
@@ -482,7 +488,8 @@ def test_actions_are_dry_run_by_default(tmp_path, scontrol, receiver):
                 env={"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"})
     assert r.code == 0, r.err
     assert calls() == []
-    [rec] = r.attempts[0]["actions"]
+    capsule, rec = r.attempts[0]["actions"]
+    assert capsule["action"] == "capsule" and capsule["outcome"] == "ok"  # evidence is kept in a dry run too
     assert rec["outcome"] == "dry_run" and rec["dry_run"] is True
     assert "scontrol update NodeName=gpu-node-02 State=DRAIN" in rec["detail"]
     # Excluded from the next launch all the same.

@@ -400,6 +400,8 @@ class RetentionSettings(Section):
     alerts_days: float = Field(30.0, ge=0, description="delivered or given-up alerts in the outbox")
     audit_days: float = Field(
         90.0, ge=0, description="the action audit; never less than actions.window_s, which the cordon budget reads")
+    capsules_days: float = Field(90.0, ge=0, description="evidence capsules (actions.capsule.dir), after they were "
+                                 "written")
     sweep_interval_s: float = Field(3600.0, gt=0, description="how often the sweep runs (and once at start-up)")
 
 
@@ -487,6 +489,43 @@ def choices_schema(choices: list[str]) -> dict[str, JsonValue]:
     return {"enum": enum}
 
 
+class CapsuleSettings(Section):
+    """The evidence capsule written before a node is cordoned (`logdx.act.capsule`): a read-only folder named by
+    the sha256 of its contents, with the report, the policy's decision, the lines around the root line, the
+    culprit's kernel lines and the collector's output."""
+
+    enabled: bool = Field(True, description="write a capsule before every cordon (dry runs too)")
+    dir: Path | None = Field(None, description="where capsules are kept; default <data_dir>/capsules")
+    context_lines: int = Field(200, ge=1, description="lines of every rank near the root line kept before it, and "
+                               "as many after it")
+    near_s: float = Field(600.0, ge=0, description="a rank printed near the root line when it printed within this "
+                          "many seconds of it (on the log's clock; without one, every rank did)")
+    kernel_window_s: float = Field(600.0, ge=0, description="the culprit host's kernel lines this many seconds "
+                                   "either side of the root line")
+    max_sources: int = Field(256, ge=1, description="at most this many ranks' and hosts' lines kept (and files "
+                             "written: `diagnose` reads at most input.max_files)")
+    max_bytes: int = Field(16 * 1024 * 1024, ge=4096, description="the whole capsule at most this many bytes: lines "
+                           "farthest from the root line are left out first, and the manifest says so")
+    collector: list[str] = Field(
+        default_factory=list, description="argv run (without a shell) against each culprit before it is cordoned, "
+        "{host} filled in (e.g. [ssh, '{host}', nvidia-bug-report.sh, --output-file, /dev/stdout]); its output "
+        "goes into the capsule; empty: none")
+    collector_timeout_s: float = Field(120.0, gt=0, description="the collector is killed after this long")
+    collector_max_bytes: int = Field(4 * 1024 * 1024, ge=0, description="at most this much of the collector's output "
+                                     "is kept (within max_bytes)")
+    act_without: bool = Field(False, description="cordon even when the capsule could not be written (the audit and "
+                              "the report's notes say why it is missing); false: such a cordon is refused")
+
+    @field_validator("collector")
+    @classmethod
+    def _collector_is_safe(cls, v: list[str]) -> list[str]:
+        from logdx.act.argv import parse_template
+
+        if v:
+            parse_template(v, ("host",))
+        return v
+
+
 class ActionsSettings(Section):
     """What logdx does about a diagnosis: cordon the node, restart the job, uncordon a healthy node. The
     chosen actuator's own settings are its section `actions.<actuator>` (`actions.slurm.scontrol`), one per
@@ -522,6 +561,7 @@ class ActionsSettings(Section):
         "", description="argv template ({node}) run on nodes cordoned for uncordon_after_s: exit 0 uncordons")
     uncordon_after_s: float = Field(3600.0, ge=0, description="a node cordoned this long gets health_check_command")
     health_check_interval_s: float = Field(300.0, gt=0, description="how often `logdx serve` runs the health checks")
+    capsule: CapsuleSettings = Field(default_factory=CapsuleSettings)
     ask_scheduler: bool = Field(
         False, description="before refusing to cordon a culprit host only a claim named (`culprits.verified` false), "
         "ask the actuator's scheduler where the job ran (Slurm: scontrol show job; Kubernetes: the job's pods' nodes): "
@@ -678,6 +718,8 @@ class Settings(Section):
             self.server.spool_dir = self.data_dir / "spool"
         if self.llm.cache_dir is None:
             self.llm.cache_dir = self.data_dir / "models"
+        if self.actions.capsule.dir is None:
+            self.actions.capsule.dir = self.data_dir / "capsules"
         return self
 
     @model_validator(mode="after")

@@ -29,6 +29,7 @@ from logdx.detect import DetectConfig, Detector
 from logdx.diagnose.cascade import Diagnoser
 from logdx.diagnose.fusion import FusionWeights
 from logdx.diagnose.rules import RuleSet, default_rules_dir, load_rules
+from logdx.evidence import EvidenceRecorder
 from logdx.model import (
     FT,
     READ_AS_A_WHOLE,
@@ -150,13 +151,18 @@ class Engine:
         if self.incidents is not None:
             self.incidents.save_report(report.model_dump(mode="json"), context=context)
 
-    def new_session(self, *, live: bool = False, vouching: bool = False) -> Session:
+    def new_session(self, *, live: bool = False, vouching: bool = False, evidence: bool = False) -> Session:
         """A job's session. `live`: its lines are read as they are written (the service's streams, `logdx
         run`'s child), so a stamp without a year is of this year; otherwise such a stamp waits for a line
         that says the year (or the reader's `Session.hint_year`). `vouching`: its lines come from senders who
         may speak for some hosts only (`Source.scope`): a host is trusted as the job's when one of them named
-        it (else every host the lines name is: the reader's own files)."""
+        it (else every host the lines name is: the reader's own files). `evidence`: keep the recent lines for
+        the evidence capsule (`logdx.evidence`), when an actuator is configured and `actions.capsule.enabled`."""
         session = Session(self)
+        capsule = self.settings.actions.capsule
+        if evidence and capsule.enabled and self.settings.actions.actuator_settings() is not None:
+            # Lines are kept for the evidence capsule only where a cordon may follow.
+            session.record_evidence(capsule.context_lines, capsule.max_sources, capsule.near_s)
         if vouching:
             session.trusted = set()
         if live:
@@ -286,6 +292,8 @@ class Session:
         self._normalize_s = 0.0
         self._compress_s = 0.0
         self._fed = 0
+        # The recent lines per source, for the evidence capsule (`record_evidence`); None: not kept.
+        self.recorder: EvidenceRecorder | None = None
 
     def feed(self, raw: bytes | str, source: Source | None = None) -> list[Event]:
         """One line in; returns the events it completed (most lines complete none)."""
@@ -305,8 +313,15 @@ class Session:
                 self._bound(rec)
         if self._scope is not None and rec.host is not None:
             self._vouch(rec.host)
+        if self.recorder is not None:
+            self.recorder.add(rec)
         kept = self.compressor.add(rec)
         return self._detect(kept) if kept else []
+
+    def record_evidence(self, context_lines: int, max_sources: int, near_s: float) -> EvidenceRecorder:
+        """Keep the recent lines of every source from now on, for an evidence capsule (`logdx.evidence`)."""
+        self.recorder = EvidenceRecorder(context_lines, max_sources, near_s)
+        return self.recorder
 
     def hint_year(self, year: int, month: int) -> None:
         """The year (and month) the log's first stamps without a year belong to, when the reader knows it:
@@ -337,6 +352,8 @@ class Session:
                 self._bound(rec)
         if self._scope is not None and rec.host is not None:
             self._vouch(rec.host)
+        if self.recorder is not None:
+            self.recorder.add(rec)
         return rec
 
     def _vouch(self, host: str) -> None:
@@ -399,6 +416,7 @@ class Session:
             self._switch_stream(source)
         normalize, add, feed_index = self.normalizer.normalize, self.compressor.add, self._stream_index
         vouch = self._vouch if self._scope is not None else None
+        record = self.recorder.add if self.recorder is not None else None
         n = 0
         for raw in lines:
             n += 1
@@ -417,6 +435,8 @@ class Session:
                     self._bound(rec)
             if vouch is not None and rec.host is not None:
                 vouch(rec.host)
+            if record is not None:
+                record(rec)
             kept = add(rec)
             if kept:
                 self._detect(kept)
@@ -440,6 +460,8 @@ class Session:
             hits = self.engine.rules.match(ev)
             if hits and hits[0].role == Role.ROOT_CAUSE:
                 self.root_cause_events.append(ev)
+                if self.recorder is not None:
+                    self.recorder.freeze(ev.anchor)
 
     @property
     def root_cause_seen(self) -> bool:

@@ -24,17 +24,20 @@ count real cordons of distinct nodes; dry runs are audited as such and use none 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import subprocess
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from logdx import tenancy
 from logdx.act.actuators import ACTUATORS, ActionFailed, NodeName, make_actuator
 from logdx.act.actuators.restart import hook_values, make_restart_hook
 from logdx.act.argv import HEALTH_CHECK_PLACEHOLDERS, fill_argv, parse_template
+from logdx.act.capsule import Capsule, CapsuleError, CapsuleWriter, Evidence
 from logdx.act.nodes import GRADES, BreakerState, NodeBook
 from logdx.act.policy import (
     ALREADY_CORDONED,
@@ -43,6 +46,7 @@ from logdx.act.policy import (
     RestartVerdict,
     breaker_refusal,
     budget_refusal,
+    capsule_refusal,
     cordon_refusal,
     cordon_targets,
     restart_refusal,
@@ -182,7 +186,10 @@ def _taken_out(records: Iterable[ActionRecord], node: NodeName) -> bool:
 
 
 class Actions:
-    def __init__(self, db: Store, settings: ActionsSettings, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: Store, settings: ActionsSettings, clock: Callable[[], float] = time.time,
+                 capsules: CapsuleWriter | None = None) -> None:
+        """`capsules` writes the evidence capsule before a cordon (`Responder` always gives one; without it, as
+        for `actions.capsule.enabled: false`, no capsule is written)."""
         self.db = db
         migrate(db, "actions", MIGRATIONS, postgres=PG_MIGRATIONS)
         self.settings = settings
@@ -190,24 +197,30 @@ class Actions:
         self.nodes = NodeBook(db, settings, clock)
         self.actuator = make_actuator(settings)
         self.restart_hook = make_restart_hook(settings)
+        self.capsules = capsules if capsules is not None and capsules.enabled else None
+        # A site's actuator written before the capsule existed is called as it was (without `capsule`).
+        self._names_capsule = self.actuator is not None and \
+            "capsule" in inspect.signature(self.actuator.cordon).parameters
         self.health_check = parse_template(settings.health_check_command, HEALTH_CHECK_PLACEHOLDERS) \
             if settings.health_check_command else None
 
     # -- the decision ---------------------------------------------------------------------------
 
     def apply(self, job_id: str, report: Report, restart: bool = True, *, verdict: RestartVerdict | None = None,
-              seen_hosts: Iterable[str] = ()) -> list[ActionRecord]:
+              seen_hosts: Iterable[str] = (), evidence: Evidence | None = None) -> list[ActionRecord]:
         """Act on a diagnosis; returns what was done (or would have been, or was refused). The same
         diagnosis of the same job is acted on once: a second call returns the first call's records.
 
         `restart=False` only cordons (`logdx run` restarts the job itself); `verdict` is the job's
-        history (`policy.restart_verdict`); `seen_hosts` are the job's hosts (the breaker's known nodes)."""
+        history (`policy.restart_verdict`); `seen_hosts` are the job's hosts (the breaker's known nodes); `evidence`
+        the lines the caller kept for the evidence capsule, written (and audited) before any cordon."""
         if report.status != "failed":
             return []
         key = action_key(job_id, report, self.settings.dry_run)
         done = self.by_key(key)
-        if done:
+        if done and any(r.action != "capsule" for r in done):
             return done
+        # (only the evidence capsule's row: a process stopped between it and the cordon; the cordon is still to do)
         self.nodes.seen(seen_hosts)
         report = self._placed(job_id, report)
         # A claimed host's history is not written: another tenant's node would read as blamed.
@@ -218,14 +231,23 @@ class Actions:
         out: list[ActionRecord] = []
         why = cordon_refusal(report, self.settings, escalated, excluded)
         if why is None:
+            capsule, missing = None, ""
+            if self.actuator is not None and self.capsules is not None and any(map(self._may_cordon, targets)):
+                rec, capsule, missing = self._capsule(key, job_id, targets, report, escalated or excluded, evidence)
+                out.append(rec)
             for node in targets:
-                out.append(self._cordon(key, job_id, node, report, escalated or excluded))
+                out.append(self._cordon(key, job_id, node, report, escalated or excluded, capsule, missing))
         elif report.action == Action.CORDON_AND_RESTART or escalated or excluded:
             # Worth saying why a diagnosis that asks for a cordon touched nothing.
             outcome = "refused" if why.startswith((NODE_UNKNOWN, UNVERIFIED_HOST)) else "skipped"
             out.append(self._audit(key, job_id, None, "cordon", self._actuator_name, outcome, why, report))
         if graded is not None and not _taken_out(out, graded.node):
-            avoided = self._avoid(key, job_id, report, graded, escalated)
+            missing = ""
+            if self._taints(report, graded, escalated) and not any(r.action == "capsule" for r in out):
+                rec, _, missing = self._capsule(key, job_id, [graded.node], report, escalated, evidence, "avoid",
+                                                graded.family)
+                out.append(rec)
+            avoided = self._avoid(key, job_id, report, graded, escalated, missing)
             if avoided is not None:
                 out.append(avoided)
         if restart and self.restart_hook is not None:
@@ -264,6 +286,58 @@ class Actions:
         gpu, text = blamed
         return self.nodes.escalation(targets[0], gpu, report.failure_type or "", text)
 
+    # -- the evidence capsule -------------------------------------------------------------------
+
+    def _may_cordon(self, node: NodeName) -> bool:
+        """Whether a cordon of `node` would get past its state and the cluster-wide limits as they stand (read
+        only; `_cordon` decides under the lock): a capsule is written only for a cordon that may happen."""
+        s = self.settings
+        if self.nodes.state_of(node)[0] == "cordoned":
+            return False
+        breaker = self.nodes.breaker()
+        if breaker.open or budget_refusal(node, self._recent_cordons(s.window_s), s) is not None:
+            return False
+        window = min(s.breaker_window_s, self.clock() - breaker.since) if breaker.since else s.breaker_window_s
+        return breaker_refusal(node, self._recent_cordons(window), self.nodes.known_count(), s) is None
+
+    def _taints(self, report: Report, step: GradeStep, escalated: str) -> bool:
+        """Whether marking the node `avoid` may happen (read only, as `_avoid` decides): a capsule comes first."""
+        return self.actuator is not None and self.capsules is not None and self.nodes.avoided(step.node) is None \
+            and cordon_refusal(report, self.settings, escalated, step.reason) is None and not self.nodes.breaker().open
+
+    def _capsule(self, key: str, job_id: str, targets: list[NodeName], report: Report, escalated: str,
+                 evidence: Evidence | None, action: str = "cordon",
+                 family: str = "") -> tuple[ActionRecord, Capsule | None, str]:
+        """Write the evidence capsule (`logdx.act.capsule`) and audit it, before the row of the cordon (or of the
+        `avoid` taint, `action`): the record, the capsule, and why it is missing ('' when it is not)."""
+        assert self.capsules is not None and self.actuator is not None
+        actuator = self.actuator
+        kept = [r for r in self.by_key(key) if r.action == "capsule"]
+        if kept:  # written before a restart: the same capsule stands for this diagnosis
+            rec = kept[0]
+            if rec.outcome != "ok":
+                return rec, None, rec.detail
+            digest, _, rest = rec.detail.removeprefix("sha256:").partition(" at ")
+            return rec, Capsule(digest, Path(rest.rsplit(" (", 1)[0]), 0), ""
+        decision = {
+            "action": action, "nodes": [str(n) for n in targets], "dry_run": self.settings.dry_run,
+            "actuator": actuator.name, "policy": f"the safety policy allows the {action} (logdx.act.policy.cordon_refusal)",
+            "escalated": escalated, "would": [actuator.describe(n, job_id, report) if action == "cordon"
+                                              else actuator.describe_avoid(n, family) for n in targets],
+            "category": report.category, "failure_type": report.failure_type, "action_recommended": report.action,
+            "confidence": report.confidence, "decided_by": report.decided_by, "culprits": report.culprits.model_dump(),
+            "min_confidence": self.settings.min_confidence,
+        }
+        try:
+            capsule = self.capsules.write(job_id, report, decision, [str(n) for n in targets], evidence,
+                                          collect=not self.settings.dry_run)
+        except CapsuleError as e:
+            why = f"evidence capsule not written: {e}"[:2000]
+            log.warning("job %s: %s", job_id, why)
+            return self._audit(key, job_id, targets[0], "capsule", "logdx", "failed", why, report), None, why
+        rec = self._audit(key, job_id, targets[0], "capsule", "logdx", "ok", capsule.describe(), report)
+        return rec, capsule, ""
+
     # -- grades ---------------------------------------------------------------------------------
 
     def _graded(self, report: Report, targets: list[NodeName]) -> GradeStep | None:
@@ -288,7 +362,8 @@ class Actions:
                   f"and {n - 1} before it (actions.grades.{grade}_after: {threshold}; logdx nodes show {node})")
         return GradeStep(node, grade, family, reason)
 
-    def _avoid(self, key: str, job_id: str, report: Report, step: GradeStep, escalated: str) -> ActionRecord | None:
+    def _avoid(self, key: str, job_id: str, report: Report, step: GradeStep, escalated: str,
+               missing: str = "") -> ActionRecord | None:
         """Mark the node for the scheduler to prefer others, as the policy allows; None when it is marked already
         or no actuator is configured."""
         node, actuator = step.node, self.actuator
@@ -303,6 +378,9 @@ class Actions:
             return self._audit(key, job_id, node, "avoid", actuator.name, "refused",
                                f"circuit breaker open since {_when(breaker.since)} ({breaker.reason}); "
                                f"a person closes it: logdx actions reset ({step.reason})", report)
+        refused = capsule_refusal(missing, self.settings, "avoid mark")
+        if refused is not None:
+            return self._audit(key, job_id, node, "avoid", actuator.name, "refused", refused, report)
         rec, new = self._claim(key, job_id, node, "avoid", actuator.name, report)
         if not new:
             return rec
@@ -360,7 +438,8 @@ class Actions:
 
     # -- cordon ---------------------------------------------------------------------------------
 
-    def _cordon(self, key: str, job_id: str, node: NodeName, report: Report, escalated: str) -> ActionRecord:
+    def _cordon(self, key: str, job_id: str, node: NodeName, report: Report, escalated: str,
+                capsule: Capsule | None = None, missing: str = "") -> ActionRecord:
         s, actuator = self.settings, self.actuator
         if actuator is None:
             return self._audit(key, job_id, node, "cordon", NO_ACTUATOR, "skipped",
@@ -369,6 +448,9 @@ class Actions:
         if state == "cordoned":
             return self._audit(key, job_id, node, "cordon", actuator.name, "skipped",
                                f"{ALREADY_CORDONED} (by {by or 'logdx'})", report)
+        refused = capsule_refusal(missing, s)
+        if refused is not None:
+            return self._audit(key, job_id, node, "cordon", actuator.name, "refused", refused, report)
         # Reserve a slot under the limits, atomically with counting them.
         with self.db.transaction(lock=CORDON_LOCK):
             refused = self._limit_refusal(node)
@@ -378,10 +460,15 @@ class Actions:
             if not new:
                 return rec  # this very action was taken (or is being taken) already
         note = f" ({escalated})" if escalated else ""
+        if missing:
+            note += f" (without an evidence capsule, as actions.capsule.act_without allows: {missing})"
+        elif capsule is not None:
+            note += f" (evidence capsule sha256:{capsule.digest})"
+        named = {"capsule": capsule.digest} if capsule is not None and self._names_capsule else {}
         if s.dry_run:
-            return self._update(rec, "dry_run", "would " + actuator.describe(node, job_id, report) + note)
+            return self._update(rec, "dry_run", "would " + actuator.describe(node, job_id, report, **named) + note)
         try:
-            outcome, detail = "ok", actuator.cordon(node, job_id, report) + note
+            outcome, detail = "ok", actuator.cordon(node, job_id, report, **named) + note
         except Exception as e:  # noqa: BLE001 - audit every failure, whatever raised it
             outcome, detail = "failed", f"{type(e).__name__}: {e}"[:2000]
             log.warning("cordon of %s failed: %s", node, detail)

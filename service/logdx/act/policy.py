@@ -24,6 +24,9 @@ A node graded `avoid` (the scheduler is asked to prefer other nodes: a PreferNoS
 passes the same rules with the grade standing in for `cordon_and_restart`; it uses none of the cordon budget, and
 nothing is marked while the breaker is open.
 
+and the evidence capsule (`logdx.act.capsule`) was written before it (`capsule_refusal`; in a dry run too),
+unless `actions.capsule.act_without` lets a cordon go without it;
+
 and, for a real cordon, the cluster-wide limits agree (`budget_refusal`, `breaker_refusal`):
 
 - at most `actions.max_cordons` distinct nodes cordoned per `actions.window_s` (dry runs use none);
@@ -60,6 +63,7 @@ __all__ = [
     "RestartVerdict",
     "breaker_refusal",
     "budget_refusal",
+    "capsule_refusal",
     "cordon_refusal",
     "cordon_targets",
     "restart_confidence_refusal",
@@ -114,6 +118,14 @@ def cordon_refusal(report: Report, settings: ActionsSettings, escalated: str = "
     if report.confidence < settings.min_confidence and not escalated:
         return f"confidence {report.confidence:.2f} below actions.min_confidence {settings.min_confidence:.2f}"
     return None
+
+
+def capsule_refusal(missing: str, settings: ActionsSettings, action: str = "cordon") -> str | None:
+    """Why an action whose evidence capsule could not be written (`missing` says why) must not happen; None when
+    the capsule is there, or the operator lets it go without one (`actions.capsule.act_without`)."""
+    if not missing or settings.capsule.act_without:
+        return None
+    return f"{missing}; actions.capsule.act_without is false: no {action} without the evidence"
 
 
 def cordon_targets(report: Report) -> list[NodeName]:

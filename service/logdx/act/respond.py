@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from logdx.act.actions import ActionRecord, Actions
 from logdx.act.alerts.outbox import Outbox, OutboxWorker
+from logdx.act.capsule import CapsuleWriter, Evidence
 from logdx.act.costs import CostBook
 from logdx.act.policy import RestartVerdict
 from logdx.act.report import Report
@@ -34,6 +35,7 @@ class Response:
     actions: list[ActionRecord] = field(default_factory=list)
     silenced_by: Silence | None = None  # a false alarm's silence held the alert and the actions
     errors: list[str] = field(default_factory=list)  # "alert not queued: ...", "actions failed: ..."
+    report: Report | None = None  # as alerted: with a note when the evidence capsule is missing
 
 
 def describe_done(records: Sequence[ActionRecord]) -> list[str]:
@@ -41,7 +43,9 @@ def describe_done(records: Sequence[ActionRecord]) -> list[str]:
     out = []
     for r in records:
         what = f"{r.action} {r.node}" if r.node else r.action
-        if r.outcome == "ok":
+        if r.action == "capsule":
+            out.append(f"evidence capsule {r.detail}" if r.outcome == "ok" else r.detail)
+        elif r.outcome == "ok":
             out.append(f"{what}: done ({r.detail})")
         elif r.outcome == "dry_run":
             out.append(f"{what}: dry run, nothing changed ({r.detail})")
@@ -66,7 +70,7 @@ class Responder:
         reports in --json-history, so it has none). `on_delivery(kind, outcome)`: see `Outbox`."""
         self.outbox = Outbox(db, settings.alerts, public_url, clock=clock, on_delivery=on_delivery)
         self.worker = OutboxWorker(self.outbox)
-        self.actions = Actions(db, settings.actions, clock=clock)
+        self.actions = Actions(db, settings.actions, clock=clock, capsules=CapsuleWriter(settings.actions.capsule))
         self.costs = CostBook(db, clock=clock)
         self.silences = Silences(db, settings.actions.false_alarm_silence_days, clock=clock)
 
@@ -76,11 +80,12 @@ class Responder:
 
     def respond(self, job_id: str, report: Report, *, act: bool = True, restart: bool = True,
                 verdict: RestartVerdict | None = None, seen_hosts: Iterable[str] = (),
-                also_done: Sequence[str] = ()) -> Response:
+                also_done: Sequence[str] = (), evidence: Evidence | None = None) -> Response:
         """Cordon/restart as the policy allows (`act`), then alert about the failed diagnosis with
         what was done (plus `also_done`: what the caller did itself, e.g. `logdx run`'s exclusion).
-        `restart=False` leaves restarting to the caller (`logdx run` restarts the job itself)."""
-        out = Response()
+        `restart=False` leaves restarting to the caller (`logdx run` restarts the job itself). `evidence`:
+        the lines the caller kept, for the evidence capsule written before any cordon."""
+        out = Response(report=report)
         if report.status != "failed":
             return out
         try:
@@ -101,7 +106,13 @@ class Responder:
         if act:
             try:
                 out.actions = self.actions.apply(job_id, report, restart=restart, verdict=verdict,
-                                                 seen_hosts=seen_hosts)
+                                                 seen_hosts=seen_hosts, evidence=evidence)
+                without = ("cordoned without it (actions.capsule.act_without: true)"
+                           if self.actions.settings.capsule.act_without
+                           else "no cordon without it (actions.capsule.act_without: false)")
+                missing = [f"{r.detail}; {without}" for r in out.actions if r.action == "capsule" and r.outcome != "ok"]
+                if missing:
+                    report = out.report = report.model_copy(update={"notes": [*report.notes, *missing]})
             except Exception as e:
                 log.exception("actions for job %s failed", job_id)
                 out.errors.append(f"actions failed: {type(e).__name__}: {e}")

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from logdx.act.capsule import Evidence
 from logdx.act.policy import RestartVerdict
 from logdx.act.report import Report
 from logdx.act.respond import Responder, Response
@@ -80,6 +81,7 @@ class Effect:
     seen_hosts: tuple[str, ...] = ()  # the job's hosts: nodes the cluster-wide breaker knows
     resolved: str = ""  # why the failures of `resolved_jobs` are over
     resolved_jobs: tuple[str, ...] = field(default_factory=tuple)
+    evidence: Evidence | None = None  # the job's recent lines, for the evidence capsule before a cordon
     # A healthy job: the nodes it ran on that a sender who may speak for them named, and for how long (grades).
     healthy: Report | None = None
     healthy_hosts: tuple[str, ...] = ()
@@ -132,7 +134,7 @@ class Actor:
             return
         assert effect.report is not None
         response = self._responder.respond(effect.job_id, effect.report, verdict=effect.verdict,
-                                           seen_hosts=effect.seen_hosts)
+                                           seen_hosts=effect.seen_hosts, evidence=effect.evidence)
         self._on_done(effect, response)
 
     def _health_checks(self) -> None:

@@ -66,7 +66,7 @@ class EmbeddedCoordinator:
             return job.session
         assert self.jobs.engine is not None, "engine not ready"
         t0 = time.perf_counter()
-        session = self.jobs.engine.new_session(live=True, vouching=True)
+        session = self.jobs.engine.new_session(live=True, vouching=True, evidence=True)
         spool = job.spool or Spool(self._spool_path(job.id))
         spool.reset()
         job.committed.clear()  # rebuilt by the replay, in the spool's order

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from logdx import tenancy
+from logdx.act.capsule import Evidence
 from logdx.act.costs import CostBook
 from logdx.act.history import AttemptHistory, lineage_of
 from logdx.act.policy import AttemptOutcome, restart_verdict
@@ -334,7 +335,9 @@ class JobManager:
         verdict = restart_verdict(self.history.previous(job.id), outcome)
         self.history.record(job.id, outcome)
         hosts = tuple(sorted(summary.hosts)) if summary is not None else ()
-        return Effect(job.id, report, key, verdict=verdict, seen_hosts=hosts)
+        recorder = session.recorder if session is not None else None
+        evidence = Evidence(recorder=recorder.copy()) if recorder is not None else None
+        return Effect(job.id, report, key, verdict=verdict, seen_hosts=hosts, evidence=evidence)
 
     def _succeeded(self, job: Job, report: Report, exit_code: int | None, session: Session | None = None) -> None:
         """The job ended well: record it, and follow its (and its lineage's) alerts with "resolved"."""

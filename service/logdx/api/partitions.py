@@ -253,7 +253,7 @@ class PartitionWorker:
             for key, res in state.bus_state.get("committed", []):
                 job.committed[key] = res
         if session is None:
-            session = m.jobs.engine.new_session(live=True, vouching=True)
+            session = m.jobs.engine.new_session(live=True, vouching=True, evidence=True)
         job.session = session
         job.lines = session.lines
         job.last_line_at = time.monotonic()

@@ -10,7 +10,8 @@ database:
 - reports (`reports_days`), except those a person gave feedback on and each kept job's last one;
 - alerts delivered or given up (`alerts_days`), and their dedupe keys once their job is gone;
 - the action audit (`audit_days`, never inside `actions.window_s`, which the cordon budget counts),
-  except real cordons, uncordons and breaker events: the record of what logdx did to nodes stays.
+  except real cordons, uncordons and breaker events: the record of what logdx did to nodes stays;
+- evidence capsules (`capsules_days` after they were written; the cordon's audit row keeps their sha256).
 
 `logdx_retention_deleted_total{kind}` counts what went.
 """
@@ -22,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from logdx.act.capsule import expire_capsules
 from logdx.api.jobs import JobManager
 from logdx.config import Settings
 from logdx.store import Database, Expiry, delete_expired, expired_keys
@@ -29,7 +31,7 @@ from logdx.store import Database, Expiry, delete_expired, expired_keys
 log = logging.getLogger("logdx.api")
 
 DAY_S = 86400.0
-KINDS = ("ended_jobs", "idle_jobs", "reports", "alerts", "audit")
+KINDS = ("ended_jobs", "idle_jobs", "reports", "alerts", "audit", "capsules")
 
 ENDED_JOBS = Expiry("api_jobs", "ended_at", "state = 'ended'")
 IDLE_JOBS = Expiry("api_jobs", "updated_at", "state = 'open'")
@@ -75,6 +77,9 @@ class Sweeper:
         if r.audit_days:
             cutoff = min(now - r.audit_days * DAY_S, now - self.settings.actions.window_s)
             deleted["audit"] = delete_expired(self.db, AUDIT, cutoff)
+        capsules = self.settings.actions.capsule.dir
+        if r.capsules_days and capsules is not None:
+            deleted["capsules"] = expire_capsules(capsules, now - r.capsules_days * DAY_S)
         for kind, n in deleted.items():
             if n and self.on_deleted is not None:
                 self.on_deleted(kind, n)

@@ -74,7 +74,11 @@ class AttemptRunner:
         self.sup = sup
         self.attempt = attempt
         self.env = env
-        self.session = sup.engine.new_session(live=True)
+        self.session = sup.engine.new_session(live=True, evidence=True)
+        if self.session.recorder is not None:
+            from logdx.act.capsule import Evidence
+
+            attempt.evidence = Evidence(recorder=self.session.recorder)
         self.watch = Watch()
         # At most 4096 chunks of 64 kB: a burst the pipeline cannot keep up with waits here
         # instead of slowing the job down (the job is only held back beyond that).

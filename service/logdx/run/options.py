@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from logdx.model import Category
 
 if TYPE_CHECKING:
+    from logdx.act.capsule import Evidence
     from logdx.act.report import Report
 
 TRIGGERS = ("ok", "exit", "root_cause", "stall", "loss_nan", "loss_spike", "interrupted", "launch_failed")
@@ -53,6 +54,7 @@ class Attempt:
     progress_lines: int | None = None  # training progress lines this attempt printed
     hosts: list[str] = field(default_factory=list)  # the hosts its log named
     pauses: list[dict[str, Any]] = field(default_factory=list)  # checkpoint saves / evaluations seen
+    evidence: Evidence | None = field(default=None, repr=False)  # its recent lines, for the evidence capsule
 
     @property
     def duration_s(self) -> float:

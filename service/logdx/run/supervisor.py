@@ -175,6 +175,7 @@ class Supervisor:
         a diagnosis to alerts and actions (`logdx.act.respond`), as in the service. `logdx run`
         restarts the job itself, so the restart hook is not run here."""
         r = self.responder
+        evidence, a.evidence = a.evidence, None  # the capsule's lines: written now or never, not kept past it
         if a.report is None or a.report.status != "failed" or a.trigger == "interrupted":
             return  # stopped by whoever signalled logdx run: they know; nobody is paged for it
         also = [f"excluded {', '.join(excluded)} from the next launch"] if excluded else []
@@ -184,7 +185,9 @@ class Supervisor:
                 self.say(f"not cordoning {', '.join(excluded)}: no actuator configured (actions.actuator)")
             return
         response = r.respond(self._alert_id(a), a.report, restart=False, verdict=verdict_of(a, previous),
-                             seen_hosts=a.hosts, also_done=also)
+                             seen_hosts=a.hosts, also_done=also, evidence=evidence)
+        if response.report is not None:
+            a.report = response.report
         a.alert_queued = response.alert_queued
         for err in response.errors:
             self.say(err)

@@ -68,12 +68,13 @@ class Actuator(Protocol):
 
     name: str  # as in `actions.actuator` and the audit's `actuator` column
 
-    def describe(self, node: NodeName, job_id: str, report: Report) -> str:
+    def describe(self, node: NodeName, job_id: str, report: Report, *, capsule: str = "") -> str:
         """What `cordon` would do, in words a dry run audits ("run: scontrol update ...")."""
         ...
 
-    def cordon(self, node: NodeName, job_id: str, report: Report) -> str:
-        """Do it; returns what was done. Any exception is audited as a failure."""
+    def cordon(self, node: NodeName, job_id: str, report: Report, *, capsule: str = "") -> str:
+        """Do it; returns what was done. Any exception is audited as a failure. `capsule`: the sha256 of the
+        evidence capsule written before (`logdx.act.capsule`), which the node's reason or annotation names."""
         ...
 
     def describe_uncordon(self, node: NodeName) -> str:

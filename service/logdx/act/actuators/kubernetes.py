@@ -1,5 +1,5 @@
 """Kubernetes: cordon = PATCH the Node's `spec.unschedulable: true` (what `kubectl cordon` does),
-with an annotation saying why; with `actions.kubernetes.taint`, also the taint
+with an annotation saying why (and `logdx.io/capsule`: the evidence capsule's sha256); with `actions.kubernetes.taint`, also the taint
 `logdx.io/failure=<failure_type>:NoSchedule`; uncordon undoes all three. Avoid (a node graded `avoid`) = the
 taint `logdx.io/avoid=<family>:PreferNoSchedule` (the scheduler places pods elsewhere when it can) with an
 annotation saying why; unavoid removes both. Cordon and uncordon leave the avoid taint alone. The API server is
@@ -18,6 +18,7 @@ from logdx.settings_base import Section
 
 TAINT_KEY = "logdx.io/failure"
 ANNOTATION_KEY = "logdx.io/cordon-reason"
+CAPSULE_KEY = "logdx.io/capsule"  # the sha256 of the evidence capsule written before the cordon
 AVOID_TAINT_KEY = "logdx.io/avoid"
 AVOID_EFFECT = "PreferNoSchedule"
 AVOID_ANNOTATION_KEY = "logdx.io/avoid-reason"
@@ -45,8 +46,10 @@ class KubernetesActuator:
         self.settings = settings
         self._api: Any = None  # kubernetes.client.CoreV1Api, built on first use
 
-    def describe(self, node: NodeName, job_id: str, report: Report) -> str:
+    def describe(self, node: NodeName, job_id: str, report: Report, *, capsule: str = "") -> str:
         what = f"PATCH node {node}: spec.unschedulable=true"
+        if capsule:
+            what += f", annotation {CAPSULE_KEY}=sha256:{capsule}"
         if self.settings.taint:
             what += f", taint {TAINT_KEY}={report.failure_type}:NoSchedule"
         return what
@@ -58,7 +61,7 @@ class KubernetesActuator:
             self._api = client.CoreV1Api(api_client(self.settings.api, self.settings.token))
         return self._api
 
-    def cordon(self, node: NodeName, job_id: str, report: Report) -> str:
+    def cordon(self, node: NodeName, job_id: str, report: Report, *, capsule: str = "") -> str:
         failure = report.failure_type or "unknown"
         taint = self.settings.taint
 
@@ -67,6 +70,8 @@ class KubernetesActuator:
                 "metadata": {"annotations": {ANNOTATION_KEY: f"logdx: {failure} in job {job_id}"[:250]}},
                 "spec": {"unschedulable": True},
             }
+            if capsule:
+                patch["metadata"]["annotations"][CAPSULE_KEY] = f"sha256:{capsule}"
             if taint:
                 taints = _other_taints(current)
                 taints.append({"key": TAINT_KEY, "value": failure, "effect": "NoSchedule"})
@@ -74,14 +79,15 @@ class KubernetesActuator:
             return patch
 
         self._patch(require_node(node), patch_of)
-        return f"patched node {node}: unschedulable" + (f", taint {TAINT_KEY}={failure}:NoSchedule" if taint else "")
+        return f"patched node {node}: unschedulable" + (f", taint {TAINT_KEY}={failure}:NoSchedule" if taint else "") \
+            + (f", annotation {CAPSULE_KEY}=sha256:{capsule}" if capsule else "")
 
     def describe_uncordon(self, node: NodeName) -> str:
         return f"PATCH node {node}: spec.unschedulable=false, without logdx's taint and annotation"
 
     def uncordon(self, node: NodeName) -> str:
         def patch_of(current: Any) -> dict[str, Any]:
-            return {"metadata": {"annotations": {ANNOTATION_KEY: None}},
+            return {"metadata": {"annotations": {ANNOTATION_KEY: None, CAPSULE_KEY: None}},
                     "spec": {"unschedulable": False, "taints": _other_taints(current)}}
 
         self._patch(require_node(node), patch_of)

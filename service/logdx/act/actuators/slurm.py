@@ -1,9 +1,9 @@
-"""Slurm: `scontrol update NodeName=<node> State=DRAIN Reason="logdx: <failure_type> <job>"` to
-cordon, `State=RESUME` to uncordon (`actions.slurm.scontrol` names the executable). Avoid (a node graded
-`avoid`) = `scontrol update NodeName=<node> Weight=<actions.slurm.avoid_weight>`: Slurm allocates the
-lowest-weight nodes first, so jobs land there only when nothing better is free; the weight the node had (read
-with `scontrol show node -o`) is what unavoid puts back. The argv is built from one validated `NodeName`, never
-from a range or a list, and run without a shell."""
+"""Slurm: `scontrol update NodeName=<node> State=DRAIN Reason="logdx: <failure_type> <job> capsule=<sha256 prefix>"`
+to cordon (the evidence capsule's sha256, when one was written), `State=RESUME` to uncordon
+(`actions.slurm.scontrol` names the executable). Avoid (a node graded `avoid`) = `scontrol update NodeName=<node>
+Weight=<actions.slurm.avoid_weight>`: Slurm allocates the lowest-weight nodes first, so jobs land there only when
+nothing better is free; the weight the node had (read with `scontrol show node -o`) is what unavoid puts back. The
+argv is built from one validated `NodeName`, never from a range or a list, and run without a shell."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from logdx.act.report import Report
 from logdx.settings_base import Section
 
 COMMAND_TIMEOUT_S = 60.0
+CAPSULE_PREFIX = 16  # hex digits of the evidence capsule's sha256 in the reason: enough to find its folder
 
 
 class SlurmSettings(Section):
@@ -43,18 +44,20 @@ class SlurmActuator:
         self.job_id = re.compile(settings.job_id)
         self.avoid_weight = settings.avoid_weight
 
-    def argv(self, node: NodeName, job_id: str, report: Report) -> list[str]:
+    def argv(self, node: NodeName, job_id: str, report: Report, capsule: str = "") -> list[str]:
         reason = f"logdx: {report.failure_type or 'unknown'} {job_id}"
+        if capsule:
+            reason += f" capsule={capsule[:CAPSULE_PREFIX]}"
         return [self.scontrol, "update", f"NodeName={require_node(node)}", "State=DRAIN", f"Reason={reason}"]
 
     def resume_argv(self, node: NodeName) -> list[str]:
         return [self.scontrol, "update", f"NodeName={require_node(node)}", "State=RESUME"]
 
-    def describe(self, node: NodeName, job_id: str, report: Report) -> str:
-        return "run: " + shlex.join(self.argv(node, job_id, report))
+    def describe(self, node: NodeName, job_id: str, report: Report, *, capsule: str = "") -> str:
+        return "run: " + shlex.join(self.argv(node, job_id, report, capsule))
 
-    def cordon(self, node: NodeName, job_id: str, report: Report) -> str:
-        return _run(self.argv(node, job_id, report))
+    def cordon(self, node: NodeName, job_id: str, report: Report, *, capsule: str = "") -> str:
+        return _run(self.argv(node, job_id, report, capsule))
 
     def describe_uncordon(self, node: NodeName) -> str:
         return "run: " + shlex.join(self.resume_argv(node))
