@@ -1,0 +1,410 @@
+"""Drafting rules for what no rule names (`logdx rules draft`, `logdx rules approve`).
+
+A job is diagnosed with rules and the catalog only. When its root line was decided by a generic fallback,
+the catalog or no rule at all, the line's Drain template becomes a candidate rule: a regex (the template's
+literal words escaped, each `<*>` a bounded non-greedy class), a label proposed from the stages that are not
+rules (the catalog, the taxonomy's owner of the exception's module, else `script_error`), the job's raw lines
+as the rule's examples and as the pack's raw-input test. Before it is written the pattern is run over
+generated healthy runs, the job's other templates and every shipped rule's counterexamples: a pattern that
+hits one is tightened (slots narrowed to what the job's values look like, the end anchored), or dropped.
+
+The pack is written in the shipped packs' format; what is a proposal is said in `# proposed:` comments (the
+loader refuses unknown keys), which `approve` removes once the pack loads and its tests pass.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from logdx.config import Settings
+from logdx.diagnose.rules import Rule, RuleError, RuleSet, check_examples, default_rules_dir, load_rules
+from logdx.model import Category, FailureContext, Label, Role
+from logdx.normalize import InputError, Normalizer, iter_lines, open_input
+from logdx.pipeline import Engine
+from logdx.taxonomy import category_of, default_action, owner_of, title_of
+
+SLOT = "<*>"
+PROPOSED_MARK = "# proposed:"
+_SLOT_MAX = 256  # a slot's value is bounded: no pattern scans a whole long line for one
+_MIN_LITERAL_LETTERS = 8  # a template with fewer constant letters would match unrelated lines
+_CATALOG_MIN_SCORE = 0.8  # a catalog match this good names the label; below it is only a near miss
+_DRAFT_CONFIDENCE = 0.6  # a proposal: a precise rule but not yet a trusted one
+# The healthy runs a pattern must not hit: (flavour, style) pairs of `logdx synth --scenario healthy`.
+_HEALTHY_RUNS: tuple[tuple[str, str], ...] = (
+    ("plain", "torchrun"), ("deepspeed", "pdsh"), ("fsdp", "srun_torchrun"), ("hf", "torchrun_tee"),
+    ("lightning", "srun"), ("megatron", "mpirun"), ("nemo", "pdsh_torchrun"),
+)
+_HEALTHY_LINES = 3000
+_HEALTHY_RANKS = 16
+
+
+class DraftError(ValueError):
+    """Nothing to draft (or the input cannot be read): one line for the user."""
+
+
+@dataclass
+class DraftedRule:
+    id: str
+    title: str
+    template: str
+    pattern: str
+    label: Label
+    basis: str  # where the label was proposed from
+    examples: list[str]
+    root_raw: str
+    tightened: str | None = None  # why the pattern was tightened (what its loose form hit)
+
+
+@dataclass
+class Draft:
+    pack: str
+    job: str
+    rules: list[DraftedRule]
+    test_lines: list[str]
+    test_root: int  # 1-based, into test_lines
+    notes: list[str] = field(default_factory=list)  # what was tightened or dropped, and why
+    checked: str = ""  # what the pattern was run against
+    path: Path | None = None
+
+    def to_yaml(self) -> str:
+        return render_pack(self)
+
+
+# -- diagnosing the job ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Diagnosed:
+    context: FailureContext
+    root_line_no: int
+    root_raw: str
+    root_rule: str | None  # the rule whose evidence is the root line, when one is
+    decided_by: str
+    templates: list[tuple[str, str]]  # (template, sample) of every template of the job
+
+
+def _diagnose(path: Path, settings: Settings, ruleset: RuleSet) -> _Diagnosed:
+    engine = Engine.for_rules(settings, ruleset)
+    session = engine.new_session()
+    try:
+        with open_input(path) as f:
+            session.feed_lines(iter_lines(f, settings.input.max_line_bytes))
+    except InputError as e:
+        raise DraftError(str(e)) from None
+    except (OSError, EOFError, ValueError) as e:  # a truncated .gz, a folder
+        raise DraftError(f"{path}: cannot read ({e})") from None
+    report = session.report()
+    ctx = session.last_context
+    if report.status != "failed" or report.root_cause is None or ctx is None or not ctx.root_message:
+        raise DraftError(f"{path}: the job did not fail on an error line (status {report.status}): nothing to draft")
+    root_no = report.root_cause.line_no
+    rules_on_root = [e.source.removeprefix("rule:") for e in report.evidence
+                     if e.line_no == root_no and e.source.startswith("rule:")]
+    return _Diagnosed(context=ctx, root_line_no=root_no, root_raw=report.root_cause.text,
+                      root_rule=rules_on_root[0] if rules_on_root else None, decided_by=report.decided_by,
+                      templates=[(t.template, t.sample) for t in session.templates()])
+
+
+# -- the pattern ------------------------------------------------------------------------------------------
+
+
+def _literal(piece: str) -> str:
+    """A template's constant text as regex: each word escaped, each run of blanks any blanks."""
+    return "".join(r"\s+" if part.isspace() else re.escape(part) for part in re.split(r"(\s+)", piece) if part)
+
+
+def _slot_class(value: str | None) -> str:
+    """A slot as a bounded non-greedy class: any non-blank run, or (tight) the shape the job's value had."""
+    n = _SLOT_MAX
+    if value is None:
+        return rf"\S{{1,{n}}}?"
+    if value.isdigit():
+        return rf"\d{{1,{max(len(value) * 2, 8)}}}"
+    if re.fullmatch(r"0x[0-9a-fA-F]+|[0-9a-fA-F]{6,}", value):
+        return rf"(?:0x)?[0-9a-fA-F]{{1,{n}}}"
+    if value.startswith("/"):
+        return rf"/\S{{0,{n}}}?"
+    if re.fullmatch(r"[\w.-]+", value):
+        return rf"[\w.-]{{1,{n}}}?"
+    return rf"\S{{1,{n}}}?"
+
+
+def template_regex(template: str, values: Sequence[str] | None = None) -> str:
+    """The regex of a Drain template. `values`: the job's value of each slot, to narrow each slot to its
+    shape and anchor the end (the tight form); without, every slot is any bounded non-blank run."""
+    pieces = template.strip().split(SLOT)
+    out: list[str] = []
+    first = pieces[0]
+    if first[:1].isalnum() or first[:1] == "_":
+        out.append(r"\b")
+    for i, piece in enumerate(pieces):
+        out.append(_literal(piece))
+        if i < len(pieces) - 1:
+            out.append(_slot_class(values[i] if values is not None else None))
+    if values is not None:
+        out.append(r"\s*$")
+    return "".join(out)
+
+
+def slot_values(template: str, text: str) -> list[str] | None:
+    """What each slot of the template held in this line (None when the template does not fit it)."""
+    pieces = template.strip().split(SLOT)
+    rx = "".join(_literal(p) + ("(.+?)" if i < len(pieces) - 1 else "") for i, p in enumerate(pieces))
+    m = re.search(rx + r"\s*$", text)
+    return list(m.groups()) if m else None
+
+
+def literal_letters(template: str) -> int:
+    return sum(ch.isalpha() for ch in template.replace(SLOT, ""))
+
+
+# -- the label ---------------------------------------------------------------------------------------------
+
+
+def propose_label(ctx: FailureContext) -> tuple[Label, str]:
+    """The label the stages that are not rules give the root line, and which one gave it."""
+    from logdx.diagnose.catalog import match as catalog_match
+
+    for hit in catalog_match(ctx.root_message or ctx.root_text, ctx.exception_type, 3):
+        cat = category_of(hit.entry.failure_type)
+        if cat is not None and hit.score >= _CATALOG_MIN_SCORE:
+            return (Label(cat, hit.entry.failure_type, default_action(cat, hit.entry.failure_type)),
+                    f"the error catalog ({hit.entry.id}, score {hit.score:.2f})")
+    exc = ctx.exception_type or ""
+    if "." in exc:
+        ft = owner_of(exc.rsplit(".", 1)[0])
+        cat = category_of(ft) if ft else None
+        if ft and cat is not None:
+            return Label(cat, ft, default_action(cat, ft)), f"the taxonomy's owner of {exc.rsplit('.', 1)[0]}"
+    ft = "script_error"
+    cat = category_of(ft) or Category.SCRIPT
+    return Label(cat, ft, default_action(cat, ft)), "no catalog entry or owner names it: an error of the job's own code"
+
+
+# -- the healthy check -------------------------------------------------------------------------------------
+
+
+def healthy_texts() -> list[str]:
+    """The distinct lines (message and raw) of generated healthy runs of several frameworks and launchers."""
+    from logdx.synth.generate import generate
+
+    seen: set[str] = set()
+    norm = Normalizer()
+    for seed, (flavour, style) in enumerate(_HEALTHY_RUNS):
+        buf = io.StringIO()
+        generate(buf, scenario="healthy", seed=seed, ranks=_HEALTHY_RANKS, lines=_HEALTHY_LINES, style=style,
+                 flavour=flavour, noise=1.0)
+        for raw in buf.getvalue().splitlines():
+            seen.add(raw)
+            seen.add(norm.normalize(raw).text)
+    return sorted(seen)
+
+
+def counterexamples(ruleset: RuleSet) -> list[str]:
+    return [c for r in ruleset.rules for c in r.counterexamples]
+
+
+def first_hit(pattern: str, texts: Iterable[str]) -> str | None:
+    rx = re.compile(pattern)
+    return next((t for t in texts if rx.search(t)), None)
+
+
+# -- drafting ----------------------------------------------------------------------------------------------
+
+
+def _slug(text: str, limit: int = 40) -> str:
+    words = re.findall(r"[a-z0-9]+", re.sub(r"([a-z])([A-Z])", r"\1-\2", text).lower())
+    slug = ""
+    for w in words:  # whole words only, up to the limit
+        if slug and len(slug) + 1 + len(w) > limit:
+            break
+        slug = f"{slug}-{w}" if slug else w[:limit]
+    return slug or "error"
+
+
+def _rule_id(ctx: FailureContext, template: str, taken: set[str]) -> str:
+    words = [w for w in template.replace(SLOT, " ").split() if re.search(r"[A-Za-z]", w)]
+    base = "draft-" + _slug(" ".join(words[:5]))
+    rid, n = base, 2
+    while rid in taken:
+        rid, n = f"{base}-{n}", n + 1
+    return rid
+
+
+def _title(template: str) -> str:
+    return re.sub(r"\s+", " ", template.replace(SLOT, "…")).strip()[:120]
+
+
+def _is_unnamed(d: _Diagnosed, ruleset: RuleSet) -> bool:
+    """The root line was not named by a precise rule (a fallback, the catalog, or no rule decided)."""
+    if d.root_rule is None:
+        return True
+    rule = ruleset.by_id.get(d.root_rule)
+    return rule is None or rule.role is not Role.ROOT_CAUSE
+
+
+def draft(path: Path, settings: Settings, extra_dirs: Sequence[Path] = (), healthy: Sequence[str] | None = None) -> Draft:
+    """The candidate pack for the job's unnamed root template. Raises DraftError when there is nothing to
+    draft (a healthy job, a root line a precise rule already names, a template too generic to be a rule)."""
+    try:
+        ruleset = load_rules([default_rules_dir(), *settings.rules.dirs, *extra_dirs])
+    except RuleError as e:
+        raise DraftError(str(e).splitlines()[0]) from None
+    d = _diagnose(path, settings, ruleset)
+    if not _is_unnamed(d, ruleset):
+        raise DraftError(f"{path}: the root line {d.root_line_no} is named by rule '{d.root_rule}' already: "
+                         "nothing to draft")
+    ctx = d.context
+    template = ctx.root_masked.strip()
+    if literal_letters(template) < _MIN_LITERAL_LETTERS or template.startswith("Traceback (most recent call"):
+        raise DraftError(f"{path}: the root line's template {template!r} is too generic to be a rule")
+    text = ctx.root_message
+    loose = template_regex(template)
+    if not re.search(loose, text):
+        raise DraftError(f"{path}: the root line's template {template!r} does not fit its own line")
+    label, basis = propose_label(ctx)
+    others = [s for t, s in d.templates if t.strip() != template]
+    healthy_lines = list(healthy) if healthy is not None else healthy_texts()
+    counter = counterexamples(ruleset)
+    guard = [*healthy_lines, *counter, *others]
+    checked = (f"{len(healthy_lines)} distinct lines of {len(_HEALTHY_RUNS)} generated healthy runs, "
+               f"{len(counter)} counterexamples of the loaded rules, the job's {len(others)} other templates")
+    notes: list[str] = []
+    pattern, tightened = loose, None
+    hit = first_hit(loose, guard)
+    if hit is not None:
+        values = slot_values(template, text)
+        tight = template_regex(template, values) if values is not None else None
+        still = first_hit(tight, guard) if tight is not None and re.search(tight, text) else hit
+        if tight is None or still is not None:
+            raise DraftError(f"{path}: the pattern drawn from {template!r} also hits a healthy or unrelated line "
+                             f"({(still or hit)[:120]!r}), tightened or not: dropped, nothing to draft")
+        pattern, tightened = tight, f"its loose form also hit {hit[:120]!r}"
+        notes.append(f"tightened the pattern of {template!r}: {tightened}")
+    rid = _rule_id(ctx, template, set(ruleset.by_id))
+    examples = list(dict.fromkeys([d.root_raw, text]))
+    rule = DraftedRule(id=rid, title=_title(template), template=template, pattern=pattern, label=label, basis=basis,
+                       examples=examples, root_raw=d.root_raw, tightened=tightened)
+    lines = list(ctx.excerpt) if d.root_raw in ctx.excerpt else [d.root_raw]
+    return Draft(pack=rid.replace("draft-", "drafted-", 1), job=str(path), rules=[rule], test_lines=lines,
+                 test_root=lines.index(d.root_raw) + 1, notes=notes, checked=checked)
+
+
+# -- the pack file -----------------------------------------------------------------------------------------
+
+
+def _q(s: str) -> str:
+    """A YAML scalar that reads back as s: single-quoted (backslashes stay literal), else JSON-quoted."""
+    out = "'" + s.replace("'", "''") + "'"
+    try:
+        if yaml.safe_load(out) == s:
+            return out
+    except yaml.YAMLError:
+        pass
+    return json.dumps(s, ensure_ascii=False)
+
+
+def _hint(label: Label) -> str:
+    return (f"An error no shipped rule named, drafted as {title_of(label.failure_type).lower()}: read the lines "
+            "around it, fix its cause, then decide on a restart (edit this hint when approving).")
+
+
+def render_pack(d: Draft) -> str:
+    out = [f"{PROPOSED_MARK} drafted by `logdx rules draft` from {d.job}; review, then `logdx rules approve`",
+           f"pack: {d.pack}",
+           "description: >",
+           "  Drafted from a job whose root line no rule named: one rule per unnamed root template.",
+           "",
+           "rules:"]
+    for r in d.rules:
+        lab = r.label
+        out += [f"  {PROPOSED_MARK} {lab.category.value} / {lab.failure_type} / {lab.action.value}, from {r.basis}",
+                f"  {PROPOSED_MARK} Drain template {r.template!r}"]
+        if r.tightened:
+            out.append(f"  {PROPOSED_MARK} pattern tightened: {r.tightened}")
+        out += [f"  - id: {r.id}",
+                f"    title: {_q(r.title)}",
+                "    role: root_cause",
+                f"    category: {lab.category.value}",
+                f"    failure_type: {lab.failure_type}",
+                "    severity: medium",
+                f"    confidence: {_DRAFT_CONFIDENCE}",
+                "    match:",
+                "      patterns:",
+                f"        - {_q(r.pattern)}",
+                f"    hint: {_q(_hint(lab))}",
+                "    examples:",
+                *(f"      - {_q(e)}" for e in r.examples)]
+    out += ["", "tests:"]
+    for r in d.rules:
+        out += [f"  - name: {_q('the job the rule was drafted from: its root line, raw')}",
+                "    lines:",
+                *(f"      - {_q(ln)}" for ln in d.test_lines),
+                "    events:",
+                f"      - {{rule: {r.id}, line: {d.test_root}}}",
+                f"    verdict: {{category: {r.label.category.value}, failure_type: {r.label.failure_type}, "
+                f"root_line: {d.test_root}}}"]
+    return "\n".join(out) + "\n"
+
+
+def pack_problems(pack: Path, settings: Settings) -> list[str]:
+    """What is wrong with a pack loaded beside the shipped and configured ones: load errors, examples and
+    counterexamples, its own raw-input tests through the real pipeline (what `logdx rules test` checks)."""
+    from logdx.explain import run_pack_tests
+
+    try:
+        ruleset = load_rules([default_rules_dir(), *settings.rules.dirs, pack], verify=False)
+    except RuleError as e:
+        return e.problems
+    mine = pack.resolve()
+    problems = [f"{r.where()}: {what}" for r in ruleset.rules if Path(r.file).resolve() == mine
+                for what in _rule_problems(r, ruleset)]
+    ruleset.tests = [t for t in ruleset.tests if Path(t.file).resolve() == mine]
+    problems += run_pack_tests(settings, ruleset)
+    return problems
+
+
+def _rule_problems(rule: Rule, ruleset: RuleSet) -> list[str]:
+    one = RuleSet(rules=[rule], origin=ruleset.origin)
+    return [p.split(f"rule '{rule.id}': ", 1)[-1] for p in check_examples(one)]
+
+
+def write_draft(d: Draft, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{d.rules[0].id}.yaml"
+    path.write_text(d.to_yaml(), encoding="utf-8")
+    d.path = path
+    return path
+
+
+def approved_text(text: str) -> str:
+    """The pack without its `# proposed:` marks."""
+    return "".join(ln for ln in text.splitlines(keepends=True) if not ln.lstrip().startswith(PROPOSED_MARK))
+
+
+def approve(draft_path: Path, settings: Settings, into: Path | None) -> Path:
+    """Validate a drafted pack with the real loader and its tests, then copy it (marks removed) into the
+    user's rules folder. Raises DraftError with the first problem."""
+    if not draft_path.is_file():
+        raise DraftError(f"{draft_path}: no such file")
+    target_dir = into if into is not None else (settings.rules.dirs[0] if settings.rules.dirs else None)
+    if target_dir is None:
+        raise DraftError("no rules folder to approve into: give --into DIR or set rules.dirs in the config")
+    problems = pack_problems(draft_path, settings)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise DraftError(f"{draft_path}: {problems[0]}{more}")
+    target = Path(target_dir) / draft_path.name
+    if target.exists() and target.resolve() != draft_path.resolve():
+        raise DraftError(f"{target}: exists already (remove it, or rename the draft)")
+    text = approved_text(draft_path.read_text(encoding="utf-8"))
+    Path(target_dir).mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    return target
