@@ -88,6 +88,7 @@ class _Diagnosed:
     root_rule: str | None  # the rule whose evidence is the root line, when one is
     decided_by: str
     templates: list[tuple[str, str]]  # (template, sample) of every template of the job
+    unnamed_errors: list[str]  # error-bearing templates whose sample no rule pattern occurs in
 
 
 def _diagnose(path: Path, settings: Settings, ruleset: RuleSet) -> _Diagnosed:
@@ -109,7 +110,10 @@ def _diagnose(path: Path, settings: Settings, ruleset: RuleSet) -> _Diagnosed:
                      if e.line_no == root_no and e.source.startswith("rule:")]
     return _Diagnosed(context=ctx, root_line_no=root_no, root_raw=report.root_cause.text,
                       root_rule=rules_on_root[0] if rules_on_root else None, decided_by=report.decided_by,
-                      templates=[(t.template, t.sample) for t in session.templates()])
+                      templates=[(t.template, t.sample) for t in session.templates()],
+                      unnamed_errors=[t.template for t in session.templates()  # the root's own lines aside
+                                      if t.error_bearing and t.sample not in ctx.excerpt
+                                      and not ruleset.could_match(t.sample)])
 
 
 # -- the pattern ------------------------------------------------------------------------------------------
@@ -136,6 +140,9 @@ def _slot_class(value: str | None) -> str:
     return rf"\S{{1,{n}}}?"
 
 
+_QUALIFIED_EXCEPTION = re.compile(r"((?:[A-Za-z_]\w*\.)+)[A-Za-z_]\w*(?::|$)")
+
+
 def template_regex(template: str, values: Sequence[str] | None = None) -> str:
     """The regex of a Drain template. `values`: the job's value of each slot, to narrow each slot to its
     shape and anchor the end (the tight form); without, every slot is any bounded non-blank run."""
@@ -144,6 +151,10 @@ def template_regex(template: str, values: Sequence[str] | None = None) -> str:
     first = pieces[0]
     if first[:1].isalnum() or first[:1] == "_":
         out.append(r"\b")
+    qualified = _QUALIFIED_EXCEPTION.match(first)
+    if qualified:  # `pkg.mod.SomeError:` is also printed as `SomeError:` (or from another module path)
+        out.append(r"(?:\w+\.){0,8}")
+        pieces[0] = first[qualified.end(1):]
     for i, piece in enumerate(pieces):
         out.append(_literal(piece))
         if i < len(pieces) - 1:
@@ -220,7 +231,7 @@ def first_hit(pattern: str, texts: Iterable[str]) -> str | None:
 
 
 def _slug(text: str, limit: int = 40) -> str:
-    words = re.findall(r"[a-z0-9]+", re.sub(r"([a-z])([A-Z])", r"\1-\2", text).lower())
+    words = re.findall(r"[a-z0-9]+", re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1-\2", re.sub(r"([a-z0-9])([A-Z])", r"\1-\2", text)).lower())
     slug = ""
     for w in words:  # whole words only, up to the limit
         if slug and len(slug) + 1 + len(w) > limit:
@@ -230,7 +241,8 @@ def _slug(text: str, limit: int = 40) -> str:
 
 
 def _rule_id(ctx: FailureContext, template: str, taken: set[str]) -> str:
-    words = [w for w in template.replace(SLOT, " ").split() if re.search(r"[A-Za-z]", w)]
+    short = _QUALIFIED_EXCEPTION.sub(lambda m: m.group(0)[len(m.group(1)):], template.strip(), count=1)
+    words = [w for w in short.replace(SLOT, " ").split() if re.search(r"[A-Za-z]", w)]
     base = "draft-" + _slug(" ".join(words[:5]))
     rid, n = base, 2
     while rid in taken:
@@ -288,6 +300,10 @@ def draft(path: Path, settings: Settings, extra_dirs: Sequence[Path] = (), healt
                              f"({(still or hit)[:120]!r}), tightened or not: dropped, nothing to draft")
         pattern, tightened = tight, f"its loose form also hit {hit[:120]!r}"
         notes.append(f"tightened the pattern of {template!r}: {tightened}")
+    rest = [t for t in d.unnamed_errors if t.strip() != template]
+    if rest:
+        shown = "; ".join(repr(t[:80]) for t in rest[:3]) + (f" and {len(rest) - 3} more" if len(rest) > 3 else "")
+        notes.append(f"not drafted (not the root line): {len(rest)} other error template(s) no rule names: {shown}")
     rid = _rule_id(ctx, template, set(ruleset.by_id))
     examples = list(dict.fromkeys([d.root_raw, text]))
     rule = DraftedRule(id=rid, title=_title(template), template=template, pattern=pattern, label=label, basis=basis,
