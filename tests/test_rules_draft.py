@@ -222,3 +222,44 @@ def test_a_pattern_that_hits_a_healthy_line_is_tightened_or_dropped(tmp_path: Pa
     # A healthy line that even the tight form hits: the rule is dropped, and the user is told.
     with pytest.raises(DraftError, match="dropped"):
         draft(log, Settings(), healthy=["MyStoreError: shard 0001 checksum mismatch on /tmp/probe.bin"])
+
+
+def _traceback_job(tmp_path: Path, exception_line: str, library_file: str) -> Path:
+    lines = [f"[rank{r}]:2026-12-03 07:10:0{r},100 - INFO - train.py:140 - step 1 loss 3.1 lr 3.0e-04" for r in range(4)]
+    lines += ["[rank2]:Traceback (most recent call last):",
+              '[rank2]:  File "/home/alice/proj/train.py", line 40, in <module>',
+              "[rank2]:    engine.load_checkpoint(args.ckpt)",
+              f'[rank2]:  File "{library_file}", line 812, in load_checkpoint',
+              "[rank2]:    raise err",
+              f"[rank2]:{exception_line}"]
+    return _write(tmp_path / "job.log", lines)
+
+
+def test_a_library_exception_is_labelled_by_its_owner_and_matched_by_its_short_name(tmp_path: Path) -> None:
+    import re
+
+    from logdx.ruledraft import pack_problems, write_draft
+
+    log = _traceback_job(tmp_path, "deepspeed.runtime.zero.utils.ZeRORuntimeException: The checkpoint being loaded "
+                         "used a DP world size of 8 but the current world size is 16",
+                         "/opt/conda/lib/python3.11/site-packages/deepspeed/runtime/engine.py")
+    d = draft(log, Settings(), healthy=[])
+    (rule,) = d.rules
+    assert (rule.label.category.value, rule.label.failure_type) == ("framework", "framework_error")
+    assert "owner of deepspeed" in rule.basis
+    assert re.search(rule.pattern, "ZeRORuntimeException: The checkpoint being loaded used a DP world size of 4 "
+                     "but the current world size is 32")
+    assert not re.search(rule.pattern, "ZeRORuntimeException: optimizer state missing for param group 0")
+    assert pack_problems(write_draft(d, tmp_path / "out"), Settings()) == []
+
+
+def test_a_line_the_catalog_knows_is_labelled_by_the_catalog(tmp_path: Path) -> None:
+    from logdx.ruledraft import pack_problems, write_draft
+
+    log = _traceback_job(tmp_path, "RuntimeError: Expected a 'cuda' device type for generator but found 'cpu'",
+                         "/home/alice/proj/sampler.py")
+    d = draft(log, Settings(), healthy=[])
+    (rule,) = d.rules
+    assert rule.basis.startswith("the error catalog")
+    assert rule.label.failure_type == "config_error"
+    assert pack_problems(write_draft(d, tmp_path / "out"), Settings()) == []
