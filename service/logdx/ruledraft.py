@@ -124,11 +124,14 @@ def _literal(piece: str) -> str:
     return "".join(r"\s+" if part.isspace() else re.escape(part) for part in re.split(r"(\s+)", piece) if part)
 
 
-def _slot_class(value: str | None) -> str:
-    """A slot as a bounded non-greedy class: any non-blank run, or (tight) the shape the job's value had."""
+def _slot_class(value: str | None, wide: bool = False) -> str:
+    """A slot as a bounded non-greedy class: any non-blank run (`wide`: any run, for a slot Drain made of
+    words and blanks), or (tight) the shape the job's value had."""
     n = _SLOT_MAX
     if value is None:
-        return rf"\S{{1,{n}}}?"
+        return rf".{{1,{n}}}?" if wide else rf"\S{{1,{n}}}?"
+    if re.search(r"\s", value):
+        return rf".{{1,{n}}}?"
     if value.isdigit():
         return rf"\d{{1,{max(len(value) * 2, 8)}}}"
     if re.fullmatch(r"0x[0-9a-fA-F]+|[0-9a-fA-F]{6,}", value):
@@ -143,7 +146,7 @@ def _slot_class(value: str | None) -> str:
 _QUALIFIED_EXCEPTION = re.compile(r"((?:[A-Za-z_]\w*\.)+)[A-Za-z_]\w*(?::|$)")
 
 
-def template_regex(template: str, values: Sequence[str] | None = None) -> str:
+def template_regex(template: str, values: Sequence[str] | None = None, *, wide: bool = False) -> str:
     """The regex of a Drain template. `values`: the job's value of each slot, to narrow each slot to its
     shape and anchor the end (the tight form); without, every slot is any bounded non-blank run."""
     pieces = template.strip().split(SLOT)
@@ -158,7 +161,7 @@ def template_regex(template: str, values: Sequence[str] | None = None) -> str:
     for i, piece in enumerate(pieces):
         out.append(_literal(piece))
         if i < len(pieces) - 1:
-            out.append(_slot_class(values[i] if values is not None else None))
+            out.append(_slot_class(values[i] if values is not None else None, wide))
     if values is not None:
         out.append(r"\s*$")
     return "".join(out)
@@ -227,6 +230,26 @@ def first_hit(pattern: str, texts: Iterable[str]) -> str | None:
     return next((t for t in texts if rx.search(t)), None)
 
 
+def guarded_pattern(template: str, text: str, guard: Sequence[str]) -> tuple[str, str | None]:
+    """The template's pattern, and why it was tightened (None: it was not): loose when it hits no guard line,
+    else narrowed to the shape of the job's values with the end anchored. DraftError when the template does
+    not fit its own line, or even the tight form hits a guard line (the rule is dropped)."""
+    loose = next((p for p in (template_regex(template), template_regex(template, wide=True)) if re.search(p, text)),
+                 None)
+    if loose is None:
+        raise DraftError(f"the root line's template {template!r} does not fit its own line")
+    hit = first_hit(loose, guard)
+    if hit is None:
+        return loose, None
+    values = slot_values(template, text)
+    tight = template_regex(template, values) if values is not None else None
+    still = first_hit(tight, guard) if tight is not None and re.search(tight, text) else hit
+    if tight is None or still is not None:
+        raise DraftError(f"the pattern drawn from {template!r} also hits a healthy or unrelated line "
+                         f"({(still or hit)[:120]!r}), tightened or not: dropped, nothing to draft")
+    return tight, f"its loose form also hit {hit[:120]!r}"
+
+
 # -- drafting ----------------------------------------------------------------------------------------------
 
 
@@ -274,32 +297,20 @@ def draft(path: Path, settings: Settings, extra_dirs: Sequence[Path] = (), healt
         raise DraftError(f"{path}: the root line {d.root_line_no} is named by rule '{d.root_rule}' already: "
                          "nothing to draft")
     ctx = d.context
-    template = ctx.root_masked.strip()
+    template, text = ctx.root_masked.strip(), ctx.root_message
     if literal_letters(template) < _MIN_LITERAL_LETTERS or template.startswith("Traceback (most recent call"):
         raise DraftError(f"{path}: the root line's template {template!r} is too generic to be a rule")
-    text = ctx.root_message
-    loose = template_regex(template)
-    if not re.search(loose, text):
-        raise DraftError(f"{path}: the root line's template {template!r} does not fit its own line")
     label, basis = propose_label(ctx)
     others = [s for t, s in d.templates if t.strip() != template]
     healthy_lines = list(healthy) if healthy is not None else healthy_texts()
     counter = counterexamples(ruleset)
-    guard = [*healthy_lines, *counter, *others]
     checked = (f"{len(healthy_lines)} distinct lines of {len(_HEALTHY_RUNS)} generated healthy runs, "
                f"{len(counter)} counterexamples of the loaded rules, the job's {len(others)} other templates")
-    notes: list[str] = []
-    pattern, tightened = loose, None
-    hit = first_hit(loose, guard)
-    if hit is not None:
-        values = slot_values(template, text)
-        tight = template_regex(template, values) if values is not None else None
-        still = first_hit(tight, guard) if tight is not None and re.search(tight, text) else hit
-        if tight is None or still is not None:
-            raise DraftError(f"{path}: the pattern drawn from {template!r} also hits a healthy or unrelated line "
-                             f"({(still or hit)[:120]!r}), tightened or not: dropped, nothing to draft")
-        pattern, tightened = tight, f"its loose form also hit {hit[:120]!r}"
-        notes.append(f"tightened the pattern of {template!r}: {tightened}")
+    try:
+        pattern, tightened = guarded_pattern(template, text, [*healthy_lines, *counter, *others])
+    except DraftError as e:
+        raise DraftError(f"{path}: {e}") from None
+    notes = [f"tightened the pattern of {template!r}: {tightened}"] if tightened else []
     rest = [t for t in d.unnamed_errors if t.strip() != template]
     if rest:
         shown = "; ".join(repr(t[:80]) for t in rest[:3]) + (f" and {len(rest) - 3} more" if len(rest) > 3 else "")
@@ -376,7 +387,9 @@ def pack_problems(pack: Path, settings: Settings) -> list[str]:
     from logdx.explain import run_pack_tests
 
     try:
-        ruleset = load_rules([default_rules_dir(), *settings.rules.dirs, pack], verify=False)
+        # The pack's own folder may be a configured one (a draft written into rules.dirs): loaded once.
+        dirs = [x for x in settings.rules.dirs if Path(x).resolve() != pack.resolve().parent]
+        ruleset = load_rules([default_rules_dir(), *dirs, pack], verify=False)
     except RuleError as e:
         return e.problems
     mine = pack.resolve()

@@ -146,15 +146,16 @@ def cmd_rules_test(args: argparse.Namespace) -> int:
 
 
 def cmd_rules_draft(args: argparse.Namespace) -> int:
-    from logdx.ruledraft import DraftError, draft, write_draft
+    from logdx.ruledraft import DraftError, draft, pack_problems, write_draft
 
     if not args.log.is_file():
         raise UsageError(f"rules draft: {args.log}: no such file")
     for d in args.rules:
         if not d.is_dir():
             raise UsageError(f"--rules {d}: not a directory")
+    settings = settings_from(args)
     try:
-        drafted = draft(args.log, settings_from(args), args.rules)
+        drafted = draft(args.log, settings, args.rules)
         path = write_draft(drafted, args.out)
     except DraftError as e:
         raise UsageError(f"rules draft: {e}") from None
@@ -167,6 +168,12 @@ def cmd_rules_draft(args: argparse.Namespace) -> int:
     for note in drafted.notes:
         print(f"  {note}")
     print(f"  checked against {drafted.checked}: no hit")
+    problems = pack_problems(path, settings)
+    if problems:  # a draft the loader or its own test refuses is written for editing, and said so
+        for p in problems:
+            print(p)
+        print(f"wrote {path}, but it does not pass `logdx rules test` ({len(problems)} problem(s)): edit it")
+        return EXIT_FAILED
     print(f"wrote {path}: check it with `logdx rules test --rules {path.parent}`, then `logdx rules approve {path}`")
     return EXIT_OK
 
