@@ -263,3 +263,21 @@ def test_a_line_the_catalog_knows_is_labelled_by_the_catalog(tmp_path: Path) -> 
     assert rule.basis.startswith("the error catalog")
     assert rule.label.failure_type == "config_error"
     assert pack_problems(write_draft(d, tmp_path / "out"), Settings()) == []
+
+
+def test_a_plain_error_line_is_drafted_when_the_exit_code_says_the_job_failed(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    lines = [f"gpu-a17: [rank{r}]:2026-12-03 07:10:0{r},100 - INFO - train.py:140 - step {s} loss 3.1 lr 3.0e-04"
+             for s in (1, 2) for r in range(4)]
+    lines.append("gpu-a17: [rank1]:2026-12-03 07:10:09,100 - ERROR - storectl: volume vol-7781 lease revoked by "
+                 "controller, aborting writer")
+    root = len(lines)
+    log = _write(tmp_path / "job.log", lines)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["rules", "draft", str(log), "--out", str(out)]) == 2
+    assert "--exit-code" in capsys.readouterr().err
+    assert main(["rules", "draft", str(log), "--out", str(out), "--exit-code", "1"]) == 0
+    report = _diagnose_json(capsys, log, "--rules", str(out), "--exit-code", "1")
+    assert report["root_cause"]["line_no"] == root
+    assert any(e["source"].startswith("rule:draft-") for e in report["evidence"] if e["line_no"] == root)

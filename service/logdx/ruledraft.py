@@ -91,7 +91,7 @@ class _Diagnosed:
     unnamed_errors: list[str]  # error-bearing templates whose sample no rule pattern occurs in
 
 
-def _diagnose(path: Path, settings: Settings, ruleset: RuleSet) -> _Diagnosed:
+def _diagnose(path: Path, settings: Settings, ruleset: RuleSet, exit_code: int | None) -> _Diagnosed:
     engine = Engine.for_rules(settings, ruleset)
     session = engine.new_session()
     try:
@@ -101,10 +101,12 @@ def _diagnose(path: Path, settings: Settings, ruleset: RuleSet) -> _Diagnosed:
         raise DraftError(str(e)) from None
     except (OSError, EOFError, ValueError) as e:  # a truncated .gz, a folder
         raise DraftError(f"{path}: cannot read ({e})") from None
-    report = session.report()
+    report = session.report(exit_code)
     ctx = session.last_context
     if report.status != "failed" or report.root_cause is None or ctx is None or not ctx.root_message:
-        raise DraftError(f"{path}: the job did not fail on an error line (status {report.status}): nothing to draft")
+        known = " (give --exit-code N when you know how it ended)" if report.status == "unknown" else ""
+        raise DraftError(f"{path}: the job did not fail on an error line (status {report.status}): "
+                         f"nothing to draft{known}")
     root_no = report.root_cause.line_no
     rules_on_root = [e.source.removeprefix("rule:") for e in report.evidence
                      if e.line_no == root_no and e.source.startswith("rule:")]
@@ -285,14 +287,16 @@ def _is_unnamed(d: _Diagnosed, ruleset: RuleSet) -> bool:
     return rule is None or rule.role is not Role.ROOT_CAUSE
 
 
-def draft(path: Path, settings: Settings, extra_dirs: Sequence[Path] = (), healthy: Sequence[str] | None = None) -> Draft:
+def draft(path: Path, settings: Settings, extra_dirs: Sequence[Path] = (), healthy: Sequence[str] | None = None,
+          exit_code: int | None = None) -> Draft:
     """The candidate pack for the job's unnamed root template. Raises DraftError when there is nothing to
-    draft (a healthy job, a root line a precise rule already names, a template too generic to be a rule)."""
+    draft (a healthy job, a root line a precise rule already names, a template too generic to be a rule).
+    `exit_code`: how the job ended, when known (as `diagnose --exit-code`)."""
     try:
         ruleset = load_rules([default_rules_dir(), *settings.rules.dirs, *extra_dirs])
     except RuleError as e:
         raise DraftError(str(e).splitlines()[0]) from None
-    d = _diagnose(path, settings, ruleset)
+    d = _diagnose(path, settings, ruleset, exit_code)
     if not _is_unnamed(d, ruleset):
         raise DraftError(f"{path}: the root line {d.root_line_no} is named by rule '{d.root_rule}' already: "
                          "nothing to draft")

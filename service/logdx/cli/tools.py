@@ -31,6 +31,8 @@ def add_tool_parsers(sub: argparse._SubParsersAction, parser_class: type[argpars
                     help="where to write the pack (default: ./rules-draft)")
     rd.add_argument("--rules", action="append", type=Path, default=[], metavar="DIR",
                     help="extra rule pack folder (repeatable)")
+    rd.add_argument("--exit-code", type=int, metavar="N", help="how the job ended, when you know it (as diagnose "
+                    "--exit-code): a log whose last error is a plain line, not an exception, fails with a non-zero one")
     add_config_arg(rd)
     rd.set_defaults(func=cmd_rules_draft)
     ra = rules_sub.add_parser("approve", help="check a drafted pack and copy it into your rules folder",
@@ -155,7 +157,7 @@ def cmd_rules_draft(args: argparse.Namespace) -> int:
             raise UsageError(f"--rules {d}: not a directory")
     settings = settings_from(args)
     try:
-        drafted = draft(args.log, settings, args.rules)
+        drafted = draft(args.log, settings, args.rules, exit_code=args.exit_code)
         path = write_draft(drafted, args.out)
     except DraftError as e:
         raise UsageError(f"rules draft: {e}") from None
