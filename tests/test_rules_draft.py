@@ -197,6 +197,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], tm
     assert main(["rules", "draft", str(xid), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is named by rule" in err and "nothing to draft" in err
+    # A hang whose only evidence is the watchdogs' timeouts: a symptom rule names the root line, and an echo
+    # is no cause to write a root-cause rule for.
+    hang = tmp_path / "hang.log"
+    with hang.open("w", encoding="utf-8") as f:
+        generate(f, scenario="nccl_hang", seed=5, ranks=16, lines=1500)
+    assert main(["rules", "draft", str(hang), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is named by rule" in err
     # A healthy job: no failure, nothing to draft.
     healthy = tmp_path / "healthy.log"
     with healthy.open("w", encoding="utf-8") as f:

@@ -85,7 +85,7 @@ class _Diagnosed:
     context: FailureContext
     root_line_no: int
     root_raw: str
-    root_rule: str | None  # the rule whose evidence is the root line, when one is
+    root_rules: list[str]  # the rules whose evidence is the root line
     decided_by: str
     templates: list[tuple[str, str]]  # (template, sample) of every template of the job
     unnamed_errors: list[str]  # error-bearing templates whose sample no rule pattern occurs in
@@ -111,7 +111,7 @@ def _diagnose(path: Path, settings: Settings, ruleset: RuleSet, exit_code: int |
     rules_on_root = [e.source.removeprefix("rule:") for e in report.evidence
                      if e.line_no == root_no and e.source.startswith("rule:")]
     return _Diagnosed(context=ctx, root_line_no=root_no, root_raw=report.root_cause.text,
-                      root_rule=rules_on_root[0] if rules_on_root else None, decided_by=report.decided_by,
+                      root_rules=rules_on_root, decided_by=report.decided_by,
                       templates=[(t.template, t.sample) for t in session.templates()],
                       unnamed_errors=[t.template for t in session.templates()  # the root's own lines aside
                                       if t.error_bearing and t.sample not in ctx.excerpt
@@ -279,12 +279,14 @@ def _title(template: str) -> str:
     return re.sub(r"\s+", " ", template.replace(SLOT, "…")).strip()[:120]
 
 
-def _is_unnamed(d: _Diagnosed, ruleset: RuleSet) -> bool:
-    """The root line was not named by a precise rule (a fallback, the catalog, or no rule decided)."""
-    if d.root_rule is None:
-        return True
-    rule = ruleset.by_id.get(d.root_rule)
-    return rule is None or rule.role is not Role.ROOT_CAUSE
+def _naming_rule(d: _Diagnosed, ruleset: RuleSet) -> str | None:
+    """The rule that names the root line already: a precise one, or a symptom (an echo is no cause to write a
+    root-cause rule for). None when only a generic fallback, the catalog or no rule decided it."""
+    for rid in d.root_rules:
+        rule = ruleset.by_id.get(rid)
+        if rule is not None and rule.role is not Role.FALLBACK:
+            return rid
+    return None
 
 
 def draft(path: Path, settings: Settings, extra_dirs: Sequence[Path] = (), healthy: Sequence[str] | None = None,
@@ -297,8 +299,10 @@ def draft(path: Path, settings: Settings, extra_dirs: Sequence[Path] = (), healt
     except RuleError as e:
         raise DraftError(str(e).splitlines()[0]) from None
     d = _diagnose(path, settings, ruleset, exit_code)
-    if not _is_unnamed(d, ruleset):
-        raise DraftError(f"{path}: the root line {d.root_line_no} is named by rule '{d.root_rule}' already: "
+    named = _naming_rule(d, ruleset)
+    if named is not None:
+        role = ruleset.by_id[named].role.value.replace("_", " ")
+        raise DraftError(f"{path}: the root line {d.root_line_no} is named by rule '{named}' ({role}) already: "
                          "nothing to draft")
     ctx = d.context
     template, text = ctx.root_masked.strip(), ctx.root_message
