@@ -108,7 +108,7 @@ def test_the_draft_is_one_pack_in_the_shipped_format(drafted) -> None:
     assert test["events"] == [{"rule": rule["id"], "line": test["verdict"]["root_line"]}]
     assert test["lines"][test["verdict"]["root_line"] - 1].startswith("[rank11]:MyStoreError: shard 0042")
     assert PROPOSED_MARK in text and "proposed script / script_error / no_restart" in printed
-    assert "generated healthy runs" in printed and "counterexamples" in printed
+    assert "generated healthy runs" in printed and "examples and counterexamples" in printed
 
 
 def test_rules_test_passes_with_the_draft(capsys: pytest.CaptureFixture[str], drafted) -> None:

@@ -223,8 +223,11 @@ def healthy_texts() -> list[str]:
     return sorted(seen)
 
 
-def counterexamples(ruleset: RuleSet) -> list[str]:
-    return [c for r in ruleset.rules for c in r.counterexamples]
+def other_rules_lines(ruleset: RuleSet) -> list[str]:
+    """Every loaded rule's counterexamples, and the examples of the rules that are not generic fallbacks: a
+    drafted pattern that hits one overlaps a rule that exists (or a line its author said is no error)."""
+    return [*(c for r in ruleset.rules for c in r.counterexamples),
+            *(e for r in ruleset.rules if r.role is not Role.FALLBACK for e in r.examples)]
 
 
 def first_hit(pattern: str, texts: Iterable[str]) -> str | None:
@@ -311,9 +314,10 @@ def draft(path: Path, settings: Settings, extra_dirs: Sequence[Path] = (), healt
     label, basis = propose_label(ctx)
     others = [s for t, s in d.templates if t.strip() != template]
     healthy_lines = list(healthy) if healthy is not None else healthy_texts()
-    counter = counterexamples(ruleset)
+    counter = other_rules_lines(ruleset)
     checked = (f"{len(healthy_lines)} distinct lines of {len(_HEALTHY_RUNS)} generated healthy runs, "
-               f"{len(counter)} counterexamples of the loaded rules, the job's {len(others)} other templates")
+               f"{len(counter)} examples and counterexamples of the loaded rules, the job's {len(others)} other "
+               "templates")
     try:
         pattern, tightened = guarded_pattern(template, text, [*healthy_lines, *counter, *others])
     except DraftError as e:
