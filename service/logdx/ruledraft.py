@@ -28,7 +28,7 @@ from logdx.diagnose.rules import Rule, RuleError, RuleSet, check_examples, defau
 from logdx.model import Category, FailureContext, Label, Role
 from logdx.normalize import InputError, Normalizer, iter_lines, open_input
 from logdx.pipeline import Engine
-from logdx.taxonomy import category_of, default_action, owner_of, title_of
+from logdx.taxonomy import advice_of, category_of, default_action, owner_of, title_of
 
 SLOT = "<*>"
 PROPOSED_MARK = "# proposed:"
@@ -351,8 +351,10 @@ def _q(s: str) -> str:
 
 
 def _hint(label: Label) -> str:
-    return (f"An error no shipped rule named, drafted as {title_of(label.failure_type).lower()}: read the lines "
-            "around it, fix its cause, then decide on a restart (edit this hint when approving).")
+    """Plain wording from the taxonomy: what the proposed type is and what its action says to do."""
+    advice = advice_of(label.action, label.failure_type)
+    return (f"Drafted from a job, proposed as {title_of(label.failure_type)}: read the lines around it; "
+            f"{advice} (review this hint when approving).")
 
 
 def render_pack(d: Draft) -> str:
