@@ -128,9 +128,6 @@ def cmd_rules_test(args: argparse.Namespace) -> int:
     from logdx.diagnose.rules import RuleError, check_examples, default_rules_dir, load_rules
 
     dirs = [default_rules_dir(), *args.dirs, *args.rules]
-    for d in dirs[1:]:
-        if not d.exists():
-            raise UsageError(f"{d}: no such rules folder")
     try:
         ruleset = load_rules(dirs, verify=False)
     except RuleError as e:
