@@ -17,7 +17,32 @@ def add_tool_parsers(sub: argparse._SubParsersAction, parser_class: type[argpars
     rt = rules_sub.add_parser("test", help="load all packs, check every rule against its examples and run the "
                                            "packs' raw-input tests (tests: in a pack)")
     rt.add_argument("dirs", nargs="*", type=Path, help="extra rule pack folders")
+    rt.add_argument("--rules", action="append", type=Path, default=[], metavar="DIR",
+                    help="extra rule pack folder (repeatable; the same as naming it)")
     rt.set_defaults(func=cmd_rules_test)
+    rd = rules_sub.add_parser("draft", help="draft a candidate rule pack for a job's root line that no rule names",
+                              description="Diagnose the job (rules and catalog only) and, when its root line was "
+                              "decided by a generic fallback, the catalog or no rule, write a candidate pack: a "
+                              "pattern from the line's Drain template, a proposed label, the job's raw lines as "
+                              "examples and as the pack's test. The pattern is checked against generated healthy "
+                              "runs and the rules' counterexamples first (tightened, or dropped, if it hits one).")
+    rd.add_argument("log", type=Path, metavar="JOB.log", help="the job's log (.gz is read transparently)")
+    rd.add_argument("--out", type=Path, default=Path("rules-draft"), metavar="DIR",
+                    help="where to write the pack (default: ./rules-draft)")
+    rd.add_argument("--rules", action="append", type=Path, default=[], metavar="DIR",
+                    help="extra rule pack folder (repeatable)")
+    rd.add_argument("--exit-code", type=int, metavar="N", help="how the job ended, when you know it (as diagnose "
+                    "--exit-code): a log whose last error is a plain line, not an exception, fails with a non-zero one")
+    add_config_arg(rd)
+    rd.set_defaults(func=cmd_rules_draft)
+    ra = rules_sub.add_parser("approve", help="check a drafted pack and copy it into your rules folder",
+                              description="Load the drafted pack with the real loader, run its examples and "
+                              "raw-input tests (as `rules test`), then copy it without its `# proposed:` marks "
+                              "into --into DIR, or the first of the settings' rules.dirs.")
+    ra.add_argument("draft", type=Path, metavar="DRAFT.yaml")
+    ra.add_argument("--into", type=Path, metavar="DIR", help="the rules folder (default: the first rules.dirs)")
+    add_config_arg(ra)
+    ra.set_defaults(func=cmd_rules_approve)
     rx = rules_sub.add_parser("explain", help="what logdx makes of raw lines: the record, events, rules, and why "
                                               "a rule did not match", description="Explain raw log lines: what the "
                               "normaliser made of each (rank, host, stream, timestamp, text), which events, rules and "
@@ -102,7 +127,7 @@ def cmd_token_digest(args: argparse.Namespace) -> int:
 def cmd_rules_test(args: argparse.Namespace) -> int:
     from logdx.diagnose.rules import RuleError, check_examples, default_rules_dir, load_rules
 
-    dirs = [default_rules_dir(), *args.dirs]
+    dirs = [default_rules_dir(), *args.dirs, *args.rules]
     try:
         ruleset = load_rules(dirs, verify=False)
     except RuleError as e:
@@ -117,6 +142,52 @@ def cmd_rules_test(args: argparse.Namespace) -> int:
     verdict = "ok" if not problems else f"{len(problems)} problem(s)"
     print(f"{len(ruleset.rules)} rules in {len(dirs)} folder(s), {len(ruleset.tests)} raw-input tests: {verdict}")
     return EXIT_OK if not problems else EXIT_FAILED
+
+
+def cmd_rules_draft(args: argparse.Namespace) -> int:
+    from logdx.ruledraft import DraftError, draft, pack_problems, write_draft
+
+    if not args.log.is_file():
+        raise UsageError(f"rules draft: {args.log}: no such file")
+    for d in args.rules:
+        if not d.is_dir():
+            raise UsageError(f"--rules {d}: not a directory")
+    settings = settings_from(args)
+    try:
+        drafted = draft(args.log, settings, args.rules, exit_code=args.exit_code)
+        path = write_draft(drafted, args.out)
+    except DraftError as e:
+        raise UsageError(f"rules draft: {e}") from None
+    except OSError as e:
+        raise UsageError(f"rules draft: {args.out}: cannot write ({e})") from None
+    for r in drafted.rules:
+        lab = r.label
+        print(f"rule {r.id}: {r.pattern}")
+        print(f"  proposed {lab.category.value} / {lab.failure_type} / {lab.action.value}, from {r.basis}")
+    for note in drafted.notes:
+        print(f"  {note}")
+    print(f"  checked against {drafted.checked}: no hit")
+    problems = pack_problems(path, settings)
+    if problems:  # a draft the loader or its own test refuses is written for editing, and said so
+        for p in problems:
+            print(p)
+        print(f"wrote {path}, but it does not pass `logdx rules test` ({len(problems)} problem(s)): edit it")
+        return EXIT_FAILED
+    print(f"wrote {path}: check it with `logdx rules test --rules {path.parent}`, then `logdx rules approve {path}`")
+    return EXIT_OK
+
+
+def cmd_rules_approve(args: argparse.Namespace) -> int:
+    from logdx.ruledraft import DraftError, approve
+
+    try:
+        target = approve(args.draft, settings_from(args), args.into)
+    except DraftError as e:
+        raise UsageError(f"rules approve: {e}") from None
+    except OSError as e:
+        raise UsageError(f"rules approve: cannot write ({e})") from None
+    print(f"approved: {target} (loads with the other packs of {target.parent})")
+    return EXIT_OK
 
 
 _EVERY_LINE_UP_TO = 200  # a longer input shows only the lines something happened on (unless --all)
