@@ -186,7 +186,7 @@ def literal_letters(template: str) -> int:
 
 def propose_label(ctx: FailureContext) -> tuple[Label, str]:
     """The label the stages that are not rules give the root line, and which one gave it."""
-    from logdx.diagnose.catalog import match as catalog_match
+    from logdx.diagnose.catalog_stage import match as catalog_match
 
     for hit in catalog_match(ctx.root_message or ctx.root_text, ctx.exception_type, 3):
         cat = category_of(hit.entry.failure_type)
