@@ -25,7 +25,7 @@ import yaml
 
 from logdx.config import Settings
 from logdx.diagnose.rules import Rule, RuleError, RuleSet, check_examples, default_rules_dir, load_rules
-from logdx.model import Category, FailureContext, Label, Role
+from logdx.model import FT, Category, FailureContext, Label, Role
 from logdx.normalize import InputError, Normalizer, iter_lines, open_input
 from logdx.pipeline import Engine
 from logdx.taxonomy import advice_of, category_of, default_action, owner_of, title_of
@@ -199,7 +199,7 @@ def propose_label(ctx: FailureContext) -> tuple[Label, str]:
         cat = category_of(ft) if ft else None
         if ft and cat is not None:
             return Label(cat, ft, default_action(cat, ft)), f"the taxonomy's owner of {exc.rsplit('.', 1)[0]}"
-    ft = "script_error"
+    ft = FT.SCRIPT_ERROR
     cat = category_of(ft) or Category.SCRIPT
     return Label(cat, ft, default_action(cat, ft)), "no catalog entry or owner names it: an error of the job's own code"
 
