@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from logdx.model import Action, Category, CompressionSummary, Diagnosis, Divergence, ProgressSummary
+from logdx.model import Action, Category, CompressionSummary, Diagnosis, Divergence, ProgressSummary, Straggler
 
 _MAX_SOURCES = 1024
 _MAX_RECOVERED = 50
@@ -120,6 +120,24 @@ class DegradationBlock(BaseModel):
     effect: str
 
 
+class StragglerBlock(BaseModel):
+    """A host whose ranks step slower than the others', or whose step time jumped up and stayed there: advice,
+    never an action, never a cordon on this alone."""
+
+    host: str
+    ranks: list[int] = Field(description="its ranks the log shows")
+    kind: Literal["lagging", "slowed"] = Field(description="lagging: slower than the other hosts all along; slowed: "
+                                               "its step time jumped up mid-run and stayed there")
+    steps_per_s: float = Field(description="its pace (since the jump, for slowed)")
+    others_steps_per_s: float = Field(description="the other hosts' median pace (its own before the jump, for slowed)")
+    since_ts: float | None = Field(None, description="since when (epoch seconds): its first timed step, or the jump")
+    since_step: float | None = None
+    since_line: int | None = None
+    evidence: list[EvidenceItem] = Field(default_factory=list, description="its kernel/NIC lines in that window "
+                                         "(PCIe AER, thermal throttling, corrected ECC, link flaps)")
+    effect: str
+
+
 class TimeoutBlock(BaseModel):
     """Why the job's collectives timed out (diagnose/timeouts.py; the classes: taxonomy.yaml `timeout_classes`)."""
 
@@ -167,6 +185,9 @@ class Report(BaseModel):
     degradations: list[DegradationBlock] = Field(
         default_factory=list, description="what the job's start-up says will make it slow (a host on TCP sockets "
         "while the others use InfiniBand, GPU Direct RDMA off on one host): advice, healthy jobs included")
+    stragglers: list[StragglerBlock] = Field(
+        default_factory=list, description="hosts whose ranks step slower than the others' or whose step time jumped "
+        "up, with their kernel/NIC lines in that window: advice, never an action, healthy jobs included")
 
 
 def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: dict[str, float]) -> Report:
@@ -196,7 +217,16 @@ def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: 
         timeout=_timeout_block(d) if not healthy else None,
         degradations=[DegradationBlock(kind=g.kind, host=g.host, line_no=g.line_no, text=_clip(g.text), effect=g.effect)
                       for g in d.degradations[:_MAX_DEGRADATIONS]],
+        stragglers=[_straggler_block(s) for s in d.stragglers[:_MAX_DEGRADATIONS]],
     )
+
+
+def _straggler_block(s: Straggler) -> StragglerBlock:
+    return StragglerBlock(host=s.host, ranks=list(s.ranks[:64]), kind=s.kind,
+                          steps_per_s=round(s.steps_per_s, 4), others_steps_per_s=round(s.others_steps_per_s, 4),
+                          since_ts=s.since_ts, since_step=s.since_step, since_line=s.since_line,
+                          evidence=[EvidenceItem(line_no=n, text=_clip(t), source="kernel") for n, t in s.evidence],
+                          effect=s.effect)
 
 
 _MAX_DEGRADATIONS = 32
