@@ -111,28 +111,41 @@ def _judged_rate(src: SourceProgress) -> float | None:
     return src.steps_per_s
 
 
-def _pace(points: Sequence[tuple[float, float]]) -> float | None:
-    (t0, s0), (t1, s1) = points[0], points[-1]
-    return (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None
-
-
 def _jump_of(course: Sequence[tuple[float, float]]) -> tuple[float, float, float, float] | None:
-    """Where the pace fell most and stayed fallen: (time, step, before, after), or None."""
-    best: tuple[float, float, float, float] | None = None
-    for k in range(_SIDE_POINTS, len(course) - _SIDE_POINTS):
-        before, after = _pace(course[:k + 1]), _pace(course[k:])
-        if before is None or after is None or after >= (1 - _JUMP) * before:
-            continue
-        if best is None or after / before < best[3] / best[2]:
-            best = (course[k][0], course[k][1], before, after)
-    if best is None:
+    """Where the step time jumped up and stayed up: (time, step, pace before, pace after), or None. The jump is
+    where two levels fit the step times between course points best (least squares, a pause clipped to twice
+    the usual step time so that a checkpoint save does not pull the split to itself); the levels on each side
+    are medians (a pause is one slow interval among many)."""
+    cuts = [(t0, s0, (t1 - t0) / (s1 - s0)) for (t0, s0), (t1, s1) in zip(course, course[1:], strict=False)
+            if s1 > s0 and t1 > t0]
+    if len(cuts) < 2 * _SIDE_POINTS:
         return None
-    k = next(i for i, (t, _) in enumerate(course) if t == best[0])
-    mid = k + (len(course) - k) // 2
-    halves = (_pace(course[k:mid + 1]), _pace(course[mid:]))
-    if any(h is None or h >= (1 - _JUMP) * best[2] for h in halves):
-        return None  # the pace came back: a pause (an evaluation, a checkpoint), not a slow node
-    return best
+    typical = statistics.median(c[2] for c in cuts)
+    x = [min(c[2], 2 * typical) for c in cuts]
+    k = _best_split(x)
+    before, after = statistics.median(x[:k]), statistics.median(x[k:])
+    slow = before / (1 - _JUMP)  # the step time a pace `_JUMP` below the one before means
+    if after <= slow or course[-1][0] - cuts[k][0] < _MIN_SPAN_S:
+        return None
+    mid = k + (len(x) - k) // 2
+    if statistics.median(x[k:mid]) <= slow or statistics.median(x[mid:]) <= slow:
+        return None  # the pace came back: a pause (an evaluation, a checkpoint save), not a slower node
+    return cuts[k][0], cuts[k][1], 1 / before, 1 / after
+
+
+def _best_split(x: list[float]) -> int:
+    """The k (at least `_SIDE_POINTS` from either end) whose two means, x[:k] and x[k:], fit x best."""
+    total, n = sum(x), len(x)
+    left, best, best_k = 0.0, -1.0, _SIDE_POINTS
+    for k in range(1, n - _SIDE_POINTS + 1):
+        left += x[k - 1]
+        if k < _SIDE_POINTS:
+            continue
+        right = total - left
+        gain = left * left / k + right * right / (n - k)  # maximising it minimises the two sides' squared error
+        if gain > best:
+            best, best_k = gain, k
+    return best_k
 
 
 def _host_jump(paces: list[_Pace]) -> tuple[float, float, float, float] | None:
