@@ -14,6 +14,8 @@ import pytest
 from logdx.act.render import render_text
 from logdx.act.report import Report
 from logdx.testing import diagnose_lines
+from logdx.web.render import Done, render_job_page
+from logdx.web.view import build_view
 
 T0 = 1_795_000_000.0  # 2026-11-18, a Wednesday morning
 
@@ -195,3 +197,22 @@ def test_the_cli_text_shows_the_slow_host_its_ranks_and_its_kernel_line(engine) 
     line = next(ln for ln in text.splitlines() if ln.startswith("slow: "))
     assert line.startswith(f"slow: {job.names[1]} (ranks 4-7) since step ")
     assert AER in text
+
+
+def test_the_job_page_shows_the_slow_host_with_its_kernel_line(engine) -> None:
+    job = Job(hosts=4, per_host=4, seed=5, jump_host=1, kernel=(1, 196, AER))
+    session = engine.new_session()
+    session.feed_lines(job.lines())
+    report = session.report(exit_code=0)
+    html = render_job_page(build_view("slow-1", report, session), Done(served=False), inline=True)
+    section = html[html.index('<section id="stragglers"'):]
+    section = section[:section.index("</section>")]
+    assert job.names[1] in section and "ranks 4, 5, 6, 7" in section and "slowed" in section
+    assert AER in section
+
+
+def test_the_job_page_of_a_clean_job_has_no_slow_nodes_section(engine) -> None:
+    session = engine.new_session()
+    session.feed_lines(Job(seed=11).lines())
+    report = session.report(exit_code=0)
+    assert 'id="stragglers"' not in render_job_page(build_view("clean-1", report, session), Done(served=False), inline=True)
