@@ -13,6 +13,7 @@ import pytest
 
 from logdx.act.render import render_text
 from logdx.act.report import Report
+from logdx.pipeline import Session
 from logdx.testing import diagnose_lines
 from logdx.web.render import Done, render_job_page
 from logdx.web.view import build_view
@@ -119,6 +120,8 @@ class Job:
 
 AER = "pcieport 0000:00:03.0: AER: Corrected error received: 0000:3b:00.0"
 THERMAL = "CPU32: Package temperature above threshold, cpu clock throttled (total events = 1)"
+ECC = "EDAC MC1: 4 CE memory read error on CPU_SrcID#1_Ha#0_Chan#2_DIMM#0 (channel:2 slot:0 page:0x5c1f3a)"
+FLAP = "mlx5_core 0000:c1:00.0 ibp193s0: lost carrier"
 
 
 def _named(report: Report) -> list[tuple[str, str, list[int]]]:
@@ -136,7 +139,8 @@ def test_a_host_running_30_percent_slower_is_named_with_its_ranks(engine, hosts:
     assert report.status == "healthy" and report.action == "none"  # advice, never an action
 
 
-@pytest.mark.parametrize(("kernel", "sign"), [(AER, "PCIe AER"), (THERMAL, "thermal throttling")])
+@pytest.mark.parametrize(("kernel", "sign"), [(AER, "PCIe AER"), (THERMAL, "thermal throttling"),
+                                             (ECC, "corrected ECC"), (FLAP, "link flap")])
 def test_a_step_time_jump_with_a_kernel_line_on_that_host_is_joined(engine, kernel: str, sign: str) -> None:
     job = Job(hosts=4, per_host=4, seed=5, jump_host=1, kernel=(1, 196, kernel))
     report = diagnose_lines(engine, job.lines(), 0)
@@ -216,3 +220,14 @@ def test_the_job_page_of_a_clean_job_has_no_slow_nodes_section(engine) -> None:
     session.feed_lines(Job(seed=11).lines())
     report = session.report(exit_code=0)
     assert 'id="stragglers"' not in render_job_page(build_view("clean-1", report, session), Done(served=False), inline=True)
+
+
+def test_a_session_moved_mid_job_to_another_process_names_the_same_straggler(engine) -> None:
+    job = Job(hosts=4, per_host=4, seed=5, jump_host=1, kernel=(1, 196, AER))
+    lines = job.lines()
+    whole = diagnose_lines(engine, lines, 0)
+    first = engine.new_session()
+    first.feed_lines(lines[:len(lines) // 2])
+    moved = Session.restore(engine, first.snapshot())
+    moved.feed_lines(lines[len(lines) // 2:])
+    assert moved.report(exit_code=0).stragglers == whole.stragglers != []
