@@ -24,6 +24,8 @@ RUN pip install --constraint requirements.lock torch==2.13.0 --index-url https:/
 COPY pyproject.toml README.md ./
 COPY service/ service/
 RUN pip install --constraint requirements.lock --build-constraint requirements.lock .
+# The error catalog's index, into the installed package: a diagnosis reads it instead of parsing the catalog.
+RUN python -m logdx.diagnose.catalog_index
 
 COPY rules/ rules/
 COPY prompts/ prompts/

@@ -14,7 +14,7 @@ TYPED := service/logdx
 # The slowest tests, listed at the end of `make test` (pytest's --durations).
 SLOWEST ?= 15
 
-.PHONY: all install model browser shippers demo test test-fast test-slow lock eval eval-quick eval-gpualert eval-buried eval-jobs bench bench-serve bench-page lint clean catalog
+.PHONY: all install model browser shippers demo test test-fast test-slow lock eval eval-quick eval-gpualert eval-buried eval-jobs bench bench-serve bench-page lint clean catalog catalog-index
 
 all: test
 
@@ -32,7 +32,17 @@ $(STAMP): pyproject.toml $(LOCK)
 model: $(STAMP)
 	$(VENV)/bin/logdx model convert
 
-install: $(STAMP) model
+# The error catalog's index (logdx.diagnose.catalog_index): what a diagnosis reads instead of parsing
+# the 23k entries (~3 CPU-seconds, once; rebuilt when the catalog or its indexing code changes). Without
+# it logdx builds one into <data_dir>/cache the first time it needs the catalog.
+CATALOG_INDEX := service/logdx/kb/catalog.index.sqlite
+$(CATALOG_INDEX): service/logdx/kb/catalog.jsonl.gz service/logdx/diagnose/catalog.py \
+                  service/logdx/diagnose/catalog_index.py service/logdx/patterns.py | $(STAMP)
+	$(PY) -m logdx.diagnose.catalog_index $@
+
+catalog-index: $(CATALOG_INDEX)
+
+install: $(STAMP) model $(CATALOG_INDEX)
 
 # The shipper tests' real syslog-ng (Debian's, with its http() destination), installed the same way: apt,
 # as root; without them those tests are skipped and say why.
@@ -76,15 +86,15 @@ lock:
 
 # Everything: lint, unit, integration and the slow end-to-end tests (marked `slow`). Set-up
 # included, it fits in 12 minutes on 2 cores; the slowest tests are listed at the end.
-test: lint model browser shippers
+test: lint model browser shippers $(CATALOG_INDEX)
 	$(PY) -m pytest -q -p no:cacheprovider --durations=$(SLOWEST)
 
 # Unit tests only (no model loading, no subprocesses, no servers): well under a minute.
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(CATALOG_INDEX)
 	$(PY) -m pytest -q -m "not slow and not integration" -p no:cacheprovider
 
 # Only the slow end-to-end tests (real servers and models, long scenarios).
-test-slow: $(STAMP) model
+test-slow: $(STAMP) model $(CATALOG_INDEX)
 	$(PY) -m pytest -q -m slow -p no:cacheprovider --durations=$(SLOWEST)
 
 lint: $(STAMP)
@@ -116,16 +126,17 @@ eval-quick: install
 	$(PY) -m logdx.evaluate $(EVAL_SETS) --quick $(EVAL_ARGS)
 
 BURY ?= 1
-eval-buried: $(STAMP)
+eval-buried: $(STAMP) $(CATALOG_INDEX)
 	$(PY) -m logdx.evaluate $(EVAL_SETS) --sets excerpts,buried --no-llm --no-retrieval --per-case $(BURY) $(EVAL_ARGS)
 
-eval-jobs: $(STAMP)
+eval-jobs: $(STAMP) $(CATALOG_INDEX)
 	$(PY) -m logdx.evaluate --sets healthy,hangs,divergence,pasted,teardown --quick $(EVAL_ARGS)
 
 # The error catalog (service/logdx/kb/catalog.jsonl.gz) from the frameworks' own code, at the versions
 # pinned in tools/catalog/sources.toml; downloads from PyPI are cached in .cache/catalog.
 catalog: $(STAMP)
 	$(PY) tools/catalog/build_catalog.py
+	$(MAKE) catalog-index
 
 bench: $(STAMP)
 	@mkdir -p bench-results
@@ -140,7 +151,7 @@ bench-serve: $(STAMP)
 	$(PY) bench/bench_serve.py --lines 1000000 --streams 64 --jobs 10 --json bench-results/serve.json
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache
+	rm -rf $(VENV) .cache .pytest_cache $(CATALOG_INDEX)
 
 # Optional: llama-cpp-python's server, for tests/test_llm_llama_cpp.py (builds llama.cpp: ~7 CPU-minutes).
 .PHONY: install-llama

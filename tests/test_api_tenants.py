@@ -236,6 +236,7 @@ API: dict[tuple[str, str], Check] = {
     ("get", "/v1/nodes/{node}"): _cluster_wide("get", "/v1/nodes/node-07"),
     ("get", "/v1/nodes/{node}/logs"): _cluster_wide("get", "/v1/nodes/node-07/logs"),
     ("get", "/v1/actions"): _cluster_wide("get", "/v1/actions"),
+    ("get", "/v1/costs"): _cluster_wide("get", "/v1/costs"),  # the lost GPU-hours of every tenant's jobs and nodes
     ("get", "/v1/cluster"): _cluster_wide("get", "/v1/cluster"),
     ("post", "/v1/jobs/{job_id}/end"): _write("post", "/v1/jobs/train-42/end", json={}),
     ("post", "/v1/jobs/{job_id}/logs"): _write("post", "/v1/jobs/train-42/logs", **_XID_LOG),

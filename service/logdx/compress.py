@@ -863,7 +863,7 @@ class Compressor:
         if shape.checkpoint:
             step = checkpoint_step_of(rec.text)
             if step is not None:
-                self.timeline.note_checkpoint(step, rec.line_no)
+                self.timeline.note_checkpoint(step, rec.line_no, rec.ts if rec.ts is not None else rec.at)
             return
         learner = self.timeline.learner(key)
         learned = learner.look(rec.text, source_key, rec.ts)

@@ -24,17 +24,18 @@ The stages take their section as it is (`Retriever(store, settings.retrieval)`,
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import os
 import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, Field, JsonValue, ValidationError, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, EnvSettingsSource
 
 from logdx import yamlsafe
 from logdx.act.actuators import ACTUATORS
@@ -853,48 +854,89 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         if name not in valid:
             raise ConfigError(f"{name}: unknown logdx environment variable{_nearest(name, [*valid, *_OWN_NAMES])}")
         ours[name] = value
-    return _EnvironmentSource(ours)()
+    if all(value and _is_plain_setting(name) for name, value in ours.items()):
+        return _plain_values(ours)
+    return _environment_source()(ours)()
 
 
-class _EnvironmentSource(EnvSettingsSource):
-    """pydantic-settings' reading of `LOGDX_<SECTION>__<KEY>` over a given environment (checked names
-    only), with lists comma-separated and lists of objects (alerts.slack, server.tokens) as JSON."""
-
-    def __init__(self, env: Mapping[str, str]) -> None:
-        super().__init__(_SettingsFields, case_sensitive=False, env_prefix=ENV_PREFIX, env_nested_delimiter="__")
-        # An empty value is left undecoded by pydantic-settings; for a list it means "none".
-        self._empty_lists = [name for name, value in env.items() if not value and _is_list_setting(name)]
-        self.env_vars = {name.lower(): value for name, value in env.items() if name not in self._empty_lists}
-        self._names = {name.rpartition("__")[2].lower(): name for name in env}  # for messages
-
-    def __call__(self) -> dict[str, Any]:
-        values = super().__call__()
-        for name in self._empty_lists:
-            *sections, key = name[len(ENV_PREFIX):].lower().split("__")
-            at = values
-            for section in sections:
-                at = at.setdefault(section, {})
-            at[key] = []
-        return values
-
-    def decode_complex_value(self, field_name: str, field: FieldInfo | None, value: Any) -> Any:
-        if field is None or get_origin(field.annotation) is not list:
-            return value  # `str | list[str]` (a command) from the environment is the string
-        if _section_model(field.annotation) is None:
-            return [v for v in str(value).split(",") if v]
-        name = self._names.get(field_name, field_name)
-        try:
-            parsed = json.loads(value)
-        except ValueError as e:
-            raise ConfigError(f"{name}: not a JSON list of objects ({e.args[0][:80]})") from None
-        if not isinstance(parsed, list):
-            raise ConfigError(f"{name}: not a JSON list of objects")
-        return parsed
+def _plain_values(env: Mapping[str, str]) -> dict[str, Any]:
+    """What pydantic-settings reads from settings that are single values (a string, number, flag,
+    path or choice): the strings, nested by section. The common case (LOGDX_DATA_DIR, a path, a
+    limit) costs no pydantic-settings (and its asyncio) at start-up; tests/test_config.py checks
+    the two agree on every such setting."""
+    out: dict[str, Any] = {}
+    for name, value in env.items():
+        *sections, key = name[len(ENV_PREFIX):].lower().split("__")
+        at = out
+        for section in sections:
+            at = at.setdefault(section, {})
+        at[key] = value
+    return out
 
 
-class _SettingsFields(BaseSettings, Settings):  # type: ignore[misc]
-    """`Settings`' fields as pydantic-settings reads them (never instantiated: `Settings` stays a plain
-    model, so `Settings()` reads no environment)."""
+_PLAIN = (str, int, float, bool, Path, type(None))
+
+
+def _is_plain_setting(name: str) -> bool:
+    """Whether `name` sets a single value: no list, mapping, model or JSON."""
+    model: type[BaseModel] | None = Settings
+    *sections, key = name[len(ENV_PREFIX):].lower().split("__")
+    for section in sections:
+        field = model.model_fields.get(section) if model is not None else None
+        model = _sub_section(field.annotation) if field is not None else None
+    field = model.model_fields.get(key) if model is not None else None
+    if field is None:
+        return False
+    annotation = field.annotation
+    options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    return all(o in _PLAIN or get_origin(o) is Literal for o in options)
+
+
+@functools.cache
+def _environment_source() -> type:
+    """pydantic-settings' environment source, made the first time a setting needs it (lists, objects)."""
+    from pydantic_settings import BaseSettings, EnvSettingsSource
+
+    class _SettingsFields(BaseSettings, Settings):  # type: ignore[misc]
+        """`Settings`' fields as pydantic-settings reads them (never instantiated: `Settings` stays a
+        plain model, so `Settings()` reads no environment)."""
+
+    class _EnvironmentSource(EnvSettingsSource):
+        """pydantic-settings' reading of `LOGDX_<SECTION>__<KEY>` over a given environment (checked
+        names only), with lists comma-separated and lists of objects (alerts.slack, server.tokens) as JSON."""
+
+        def __init__(self, env: Mapping[str, str]) -> None:
+            super().__init__(_SettingsFields, case_sensitive=False, env_prefix=ENV_PREFIX, env_nested_delimiter="__")
+            # An empty value is left undecoded by pydantic-settings; for a list it means "none".
+            self._empty_lists = [name for name, value in env.items() if not value and _is_list_setting(name)]
+            self.env_vars = {name.lower(): value for name, value in env.items() if name not in self._empty_lists}
+            self._names = {name.rpartition("__")[2].lower(): name for name in env}  # for messages
+
+        def __call__(self) -> dict[str, Any]:
+            values = super().__call__()
+            for name in self._empty_lists:
+                *sections, key = name[len(ENV_PREFIX):].lower().split("__")
+                at = values
+                for section in sections:
+                    at = at.setdefault(section, {})
+                at[key] = []
+            return values
+
+        def decode_complex_value(self, field_name: str, field: FieldInfo | None, value: Any) -> Any:
+            if field is None or get_origin(field.annotation) is not list:
+                return value  # `str | list[str]` (a command) from the environment is the string
+            if _section_model(field.annotation) is None:
+                return [v for v in str(value).split(",") if v]
+            name = self._names.get(field_name, field_name)
+            try:
+                parsed = json.loads(value)
+            except ValueError as e:
+                raise ConfigError(f"{name}: not a JSON list of objects ({e.args[0][:80]})") from None
+            if not isinstance(parsed, list):
+                raise ConfigError(f"{name}: not a JSON list of objects")
+            return parsed
+
+    return _EnvironmentSource
 
 
 def _is_list_setting(name: str) -> bool:

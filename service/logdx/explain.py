@@ -120,7 +120,7 @@ def _unseen(rules: RuleSet, rec: Record, expected: Sequence[str]) -> list[tuple[
 
 
 def _catalog_hits(ev: Event) -> list[str]:
-    from logdx.diagnose.catalog import match
+    from logdx.diagnose.catalog_stage import match
 
     return [f"{h.entry.id} ({h.how}, {h.score:.2f}): {h.entry.category}/{h.entry.failure_type}"
             for h in match(ev.anchor.text, ev.exception_type, limit=3)]

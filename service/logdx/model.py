@@ -263,6 +263,20 @@ class SourceProgress:
 
 
 @dataclass(slots=True)
+class Restart:
+    """The job's step counter fell back (a restarted attempt resuming from a checkpoint, or an epoch's bar
+    starting again: diagnose/cost.py tells them apart): where it was and where it went on from."""
+
+    from_step: float  # the highest step the sources that fell back had reached
+    from_ts: float | None  # the time of their last rise before the fall
+    to_step: float  # the lowest step they went on from
+    line_no: int  # the first line that fell back
+    ts: float | None  # its time: the restarted attempt's first progress line
+    passed_ts: float | None = None  # when a source that fell back reached `from_step` again (None: never)
+    sources: int = 1  # how many sources fell back into it
+
+
+@dataclass(slots=True)
 class ProgressSummary:
     """The job's training progress as the timeline saw it (logdx/timeline.py)."""
 
@@ -276,6 +290,11 @@ class ProgressSummary:
     divergence: Divergence | None = None
     recovered_spikes: list[Divergence] = field(default_factory=list)
     checkpoints: list[tuple[int, int]] = field(default_factory=list)  # (step, line_no) saved
+    # The time each of `checkpoints` was last said saved (the last rank's line, the "successfully saved" after
+    # the "saving"), None when its lines had no time: index for index with `checkpoints`.
+    checkpoint_ts: list[float | None] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)  # where the step counter fell back, in order
+    step_times: list[tuple[float, float]] = field(default_factory=list)  # (time, step) of the job's highest step, decimated
     completed_line: int = 0  # the last line that said the run's training is over (0: none said so)
     completed_ts: float | None = None  # its time (the last completion line's that said one)
     completed_advances: int = 0  # how often the job had advanced (job_advances) when it was said
@@ -287,6 +306,14 @@ class ProgressSummary:
     job_quiet: int = 0
     job_advances: int = 0
     job_rises: int = 0  # how often the job's highest step rose
+
+    def first_progress_ts(self) -> float | None:
+        """The time of the job's first progress line (None: no progress line had a time)."""
+        return min((s.first_ts for s in self.sources if s.first_ts is not None), default=None)
+
+    def passed_at(self, step: float) -> float | None:
+        """When the job's highest step first reached `step` (to the decimation of `step_times`; None: never)."""
+        return next((ts for ts, reached in self.step_times if reached >= step), None)
 
 
 @dataclass(slots=True)
@@ -429,6 +456,15 @@ class Recovered:
     source: str  # "rule:<id>"
 
 
+@dataclass(frozen=True, slots=True)
+class Hypothesis:
+    """One of the few labels an unsure report still holds possible, and the check that would confirm it."""
+
+    label: Label
+    p: float  # its share of the report's belief (the hypotheses of one report sum to at most 1)
+    check: str
+
+
 @dataclass(slots=True)
 class StoppedFirst:
     """The rank(s) whose progress or output stopped before the others': the silent rank of a hang."""
@@ -480,6 +516,40 @@ class Straggler:
 
 
 @dataclass(slots=True)
+class LostWork:
+    """What one failure cost (diagnose/cost.py): the work since the last checkpoint saved before it, and,
+    when the log holds the attempt restarted after it, how long the job stood still and how long until it
+    was back where it failed. None: the log does not say (the cost's notes say why)."""
+
+    failure_ts: float | None = None
+    failure_step: float | None = None
+    failure_line: int | None = None
+    checkpoint_step: int | None = None  # the last checkpoint saved before the failure
+    checkpoint_ts: float | None = None
+    checkpoint_line: int | None = None
+    since: str = ""  # what the lost work is counted from: "checkpoint" | "attempt_start" | "job_start" | "" (unknown)
+    since_ts: float | None = None
+    lost_s: float | None = None  # failure_ts - since_ts
+    lost_gpu_hours: float | None = None  # gpus * lost_s / 3600
+    restart_ts: float | None = None  # the restarted attempt's first progress line
+    resumed_step: float | None = None  # the step it went on from
+    stood_still_s: float | None = None  # restart_ts - failure_ts: no training between the attempts
+    passed_ts: float | None = None  # when the restarted attempt reached failure_step again
+    back_after_s: float | None = None  # passed_ts - failure_ts
+
+
+@dataclass(slots=True)
+class Cost:
+    """A failed job's lost work (diagnose/cost.py): this failure's, and that of earlier attempts in the log."""
+
+    gpus: int | None
+    gpus_from: str  # "launcher" | "ranks" | "" (unknown)
+    failure: LostWork
+    earlier: list[LostWork] = field(default_factory=list)  # failures of earlier attempts the log restarted after
+    notes: list[str] = field(default_factory=list)  # each part the log does not give, and why
+
+
+@dataclass(slots=True)
 class Diagnosis:
     status: str  # "failed" | "healthy" | "unknown" (neither shown) | "empty" (no log text at all)
     label: Label | None
@@ -499,3 +569,5 @@ class Diagnosis:
     timeout: TimeoutVerdict | None = None  # why the job's collectives timed out, when they did
     degradations: list[Degradation] = field(default_factory=list)  # what its start-up says will make it slow
     stragglers: list[Straggler] = field(default_factory=list)  # hosts that step slower than the others
+    hypotheses: list[Hypothesis] = field(default_factory=list)  # when unsure: what else it may be, how to tell
+    cost: Cost | None = None  # what the failure cost (failed diagnoses only)

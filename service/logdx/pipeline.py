@@ -39,6 +39,7 @@ from logdx.model import (
     KeptLine,
     Record,
     Role,
+    StageVote,
     TemplateStats,
 )
 
@@ -80,7 +81,7 @@ class Engine:
         (a server wants to be ready before its first request, a CLI run on a healthy log never
         needs them)."""
         dirs = [default_rules_dir(), *settings.rules.dirs, *extra_rule_dirs]
-        rules = load_rules(dirs)
+        rules = load_rules(dirs, cache_dir=settings.data_dir / "cache")
         diagnoser = _rules_and_catalog(settings, rules)
         # The model stages (and numpy, torch) are imported only when enabled: a rules-only run starts fast.
         if incidents is None and (settings.retrieval.enabled or settings.llm.enabled):
@@ -187,10 +188,22 @@ def _rules_and_catalog(settings: Settings, rules: RuleSet) -> Diagnoser:
     diagnoser = Diagnoser(rules=rules, weights=FusionWeights.from_settings(settings.fusion),
                           llm_always=settings.llm.always)
     if settings.catalog.enabled:
-        from logdx.diagnose.catalog import catalog_vote
-
-        diagnoser.catalog = catalog_vote
+        diagnoser.catalog = _CatalogVote(settings.data_dir / "cache")
     return diagnoser
+
+
+@dataclass(frozen=True, slots=True)
+class _CatalogVote:
+    """The catalog stage, imported when a root line first needs it: most jobs' errors a rule names,
+    and then the catalog's module (and its regexes) never loads."""
+
+    cache_dir: Path  # where its index is built if none was installed
+
+    def __call__(self, ctx: FailureContext) -> StageVote:
+        from logdx.diagnose.catalog_stage import catalog_vote, use_cache_dir
+
+        use_cache_dir(self.cache_dir)
+        return catalog_vote(ctx)
 
 
 _SNAPSHOT_MAGIC = b"LDXSESS1"

@@ -89,6 +89,7 @@ class _TypeSpec(BaseModel):
     resubmit: bool = False
     by_numbers: bool = False
     advice: str = ""
+    check: str = ""
 
 
 class _TimeoutClassSpec(BaseModel):
@@ -121,6 +122,7 @@ class FailureType:
     by_numbers: bool = False  # only the numbers masking removes tell it apart: rules decide it, nothing learned
     advice: str = ""
     family: str = ""  # infrastructure types: what a node's repeated failures are counted by (`families`)
+    check: str = ""  # the one check that confirms it, when the report is unsure ({host} and {rank} filled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +214,7 @@ def load_taxonomy(path: Path = TAXONOMY_PATH) -> Taxonomy:
     if problems:
         raise TaxonomyError("\n".join(problems))
     types = {name: FailureType(name, t.category, t.action, t.title, t.hardware, t.resubmit, t.by_numbers, t.advice,
-                               t.family)
+                               t.family, t.check)
              for name, t in spec.failure_types.items()}
     return Taxonomy(
         types=types,

@@ -33,7 +33,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from logdx import yamlsafe
-from logdx.model import Divergence, ProgressMark, ProgressSummary, Record, SourceProgress
+from logdx.model import Divergence, ProgressMark, ProgressSummary, Record, Restart, SourceProgress
 
 FORMS_PATH = Path(__file__).with_name("timeline.yaml")
 
@@ -64,6 +64,7 @@ _MAX_LOOPS = 16  # loops (progress templates) followed per source
 _TIMED_ADVANCES = 64  # (time, step) of a source's latest counter rises kept
 _COURSE_POINTS = 32  # (time, step) over a source's whole run, decimated (2x this at most): its pace's changes
 _MAX_PER_FEED = 64  # sources of one stream an event's mark remembers
+_MAX_RESTARTS = 64  # falls of the step counter kept (an epoch bar falls every epoch)
 
 
 class TimelineError(ValueError):
@@ -353,6 +354,7 @@ class _Source:
     advanced_at: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=_TIMED_ADVANCES))
     # and over its whole run, by its own clock (a slow node's step time jumping up: diagnose/stragglers.py)
     course: _Series = field(default_factory=lambda: _Series(cap=_COURSE_POINTS))
+    falls: int = 0  # how often its main loop's counter fell back: its n-th fall is the job's n-th restart
 
     @property
     def steps_per_s(self) -> float | None:
@@ -433,6 +435,7 @@ class Timeline:
         self.max_step: float | None = None
         self._loss = _Series()
         self._step_time = _Series()
+        self._job_steps = _Series()  # (time, step) of the job's highest step as it rose: when it got where
         self._unread: list[_Source] = []  # sources whose last line the fast path left unread
         self._loss_source: str | None = None  # the one source the loss is read from
         self._time_source: str | None = None  # and the step time
@@ -440,6 +443,9 @@ class Timeline:
         self.divergence: Divergence | None = None
         self.recovered_spikes: list[Divergence] = []
         self.checkpoints: list[tuple[int, int]] = []  # (step, line_no)
+        self.checkpoint_ts: list[float | None] = []  # the last time each was said saved
+        self.restarts: list[Restart] = []
+        self._unpassed = 0  # restarts whose sources have not reached where they fell from yet
         self.completed_line = 0  # the last line that said training is over (0: none)
         self.completed_ts: float | None = None  # and its time, when it says one
         self.completed_advances = 0  # how often the job had advanced when it was said
@@ -593,12 +599,14 @@ class Timeline:
             when = ts if ts is not None else at  # its own stamp, else its stream's time before it
             if when is not None and numbered:
                 src.advanced_at.append((when, value))
-                if ts is not None:
-                    src.course.add(ts, value)
+                if self._unpassed and src.falls:
+                    self._passes(src, value, when)
             if numbered:
                 delta = value - src.main_value
                 if src.step_delta is None or delta < src.step_delta:
                     src.step_delta = delta
+        elif numbered and src.main_value is not None and value < src.main_value:
+            self._fell(src, value, ts if ts is not None else at, src.main_value)
         src.main_value = value
         if not numbered:
             return
@@ -609,9 +617,40 @@ class Timeline:
             if src.rate_anchor is None:
                 src.rate_anchor = (ts, value)
             src.rate_last = (ts, value)
+            src.course.add(ts, value)
         if self.max_step is None or value > self.max_step:
             self.rises += self.max_step is not None
             self.max_step = value
+            when = ts if ts is not None else at
+            if when is not None:
+                self._job_steps.add(when, value)
+
+    def _fell(self, src: _Source, value: float, when: float | None, before: float) -> None:
+        """The main loop's counter fell back (a restart, a new epoch's bar): its n-th fall joins the job's n-th
+        restart, so that every rank resuming from one checkpoint makes one restart."""
+        n, src.falls = src.falls, src.falls + 1
+        last_rise = src.advanced_at[-1][0] if src.advanced_at else None
+        if n < len(self.restarts):
+            r = self.restarts[n]
+            if before > r.from_step:  # this rank had got further: back there is further on
+                self._unpassed += r.passed_ts is not None
+                r.from_step, r.passed_ts = before, None
+            if last_rise is not None and (r.from_ts is None or last_rise > r.from_ts):
+                r.from_ts = last_rise
+            r.to_step = min(r.to_step, value)
+            r.sources += 1
+        elif n == len(self.restarts) < _MAX_RESTARTS:
+            line_no = src.last_line
+            self.restarts.append(Restart(from_step=before, from_ts=last_rise, to_step=value, line_no=line_no,
+                                         ts=when))
+            self._unpassed += 1
+
+    def _passes(self, src: _Source, value: float, when: float) -> None:
+        """A source that fell back rose again: has it reached where the job had been?"""
+        for r in self.restarts[:src.falls]:
+            if r.passed_ts is None and value >= r.from_step:
+                r.passed_ts = when
+                self._unpassed -= 1
 
     @staticmethod
     def _continues_main(src: _Source, value: float) -> bool:
@@ -842,12 +881,19 @@ class Timeline:
             self.completed_ts = ts if ts is not None else self.completed_ts
             self.completed_advances = sum(s.advances for s in self._sources.values())
 
-    def note_checkpoint(self, step: int, line_no: int) -> None:
-        if any(s == step for s, _ in self.checkpoints[-4:]):
-            return  # every rank says it saved its shard of the same checkpoint
+    def note_checkpoint(self, step: int, line_no: int, ts: float | None = None) -> None:
+        recent = len(self.checkpoints) - 4
+        for i, (s, _) in enumerate(self.checkpoints[-4:]):
+            if s == step:  # every rank says it saved its shard of the same checkpoint: saved when the last said so
+                known = self.checkpoint_ts[max(recent, 0) + i]
+                if ts is not None and (known is None or ts > known):
+                    self.checkpoint_ts[max(recent, 0) + i] = ts
+                return
         if len(self.checkpoints) >= _MAX_CHECKPOINTS:
             self.checkpoints = self.checkpoints[len(self.checkpoints) // 2:]
+            self.checkpoint_ts = self.checkpoint_ts[len(self.checkpoint_ts) // 2:]
         self.checkpoints.append((step, line_no))
+        self.checkpoint_ts.append(ts)
 
     def learner(self, key: bytes) -> Learner:
         learner = self.learners.get(key)
@@ -909,6 +955,10 @@ class Timeline:
             divergence=self.divergence,
             recovered_spikes=list(self.recovered_spikes),
             checkpoints=list(self.checkpoints),
+            checkpoint_ts=list(self.checkpoint_ts),
+            step_times=list(self._job_steps.points),
+            restarts=[Restart(r.from_step, r.from_ts, r.to_step, r.line_no, r.ts, r.passed_ts, r.sources)
+                      for r in self.restarts],
             completed_line=self.completed_line,
             completed_ts=self.completed_ts,
             completed_advances=self.completed_advances,

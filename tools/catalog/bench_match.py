@@ -2,7 +2,7 @@
 
     python tools/catalog/bench_match.py LOG [LOG ...] [--show N]
 
-Every line of the given logs goes through `logdx.diagnose.catalog.match`; prints the load time,
+Every line of the given logs goes through `Catalog.match` (what `logdx.diagnose.catalog_stage.match` asks); prints the load time,
 the mean / p50 / p99 / max time per line, how many lines matched, and the first N matches.
 """
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from logdx.act.report import Report
 from logdx.diagnose.culprit import UNVERIFIED
 from logdx.model import FT, Action, Category
@@ -37,6 +39,41 @@ def recommended_action(report: Report) -> str:
     """What the report recommends, as a sentence (alerts); says the same as `action_words`."""
     advice = _advice(report)
     return advice[:1].upper() + advice[1:]
+
+
+def cost_sentence(report: Report) -> str:
+    """What the failure cost, as a sentence (alerts, the terminal); '' when the report has no cost."""
+    c = report.cost
+    if report.status != "failed" or c is None:
+        return ""
+    if c.lost_gpu_hours is None:
+        why = c.notes[0] if c.notes else "the log does not say"
+        return f"what this failure cost is unknown: {why}"
+    since = {"checkpoint": f"since the checkpoint at step {c.checkpoint_step}",
+             "attempt_start": "since this attempt began" + (f" (from the checkpoint at step {c.checkpoint_step})"
+                                                            if c.checkpoint_step is not None else ""),
+             "job_start": "since the job's first line (no checkpoint line before the failure)"}.get(c.since, "")
+    gpus = f" on {c.gpus} GPUs" if c.gpus else ""
+    out = f"this failure cost ~{_hours(c.lost_gpu_hours)} GPU-hours{gpus} {since}".rstrip()
+    if c.stood_still_s is not None:
+        out += f"; the job stood still {_duration(c.stood_still_s)} before its next attempt"
+    if c.back_after_s is not None and c.failure_step is not None:
+        out += f", back at step {c.failure_step:g} after {_duration(c.back_after_s)}"
+    earlier = sum(w.lost_gpu_hours or 0.0 for w in c.earlier_attempts)
+    if earlier:
+        n = len(c.earlier_attempts)
+        out += f" (the {n} earlier attempt{'s' if n != 1 else ''} in this log lost ~{_hours(earlier)} more)"
+    return out
+
+
+def _hours(h: float) -> str:
+    return f"{h:,.0f}" if h >= 10 else f"{h:.1f}" if h >= 0.1 else f"{h:.2f}"
+
+
+def _duration(s: float) -> str:
+    if s >= 3600:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 60:.0f} min" if s >= 60 else f"{s:.0f} s"
 
 
 def _advice(report: Report) -> str:
@@ -75,6 +112,9 @@ def render_text(report: Report, color: bool = False) -> str:
             lines.append(f"{'why':>10}  {report.explanation}")
         if report.hint:
             lines.append(f"{'next':>10}  {report.hint}")
+        cost = cost_sentence(report)
+        if cost:
+            lines.append(f"{'cost':>10}  {cost}")
     progress = _progress_text(report)
     if progress:
         lines.append(f"{'progress':>10}  {progress}")
@@ -82,6 +122,7 @@ def render_text(report: Report, color: bool = False) -> str:
         first = report.recovered[0]
         more = f" (+{len(report.recovered) - 1} more)" if len(report.recovered) > 1 else ""
         lines.append(f"{'recovered':>10}  " + paint(f"the job went on after {first.line_no}: {_clip(first.text)}{more}", "dim"))
+    lines += _hypotheses_text(report)
     if report.evidence:
         lines.append("")
         lines.append(paint("evidence", "bold"))
@@ -91,12 +132,7 @@ def render_text(report: Report, color: bool = False) -> str:
     for g in report.degradations:
         lines.append(paint("slow: ", "yellow") + f"{g.host or 'line'} {'(line ' if g.host else ''}{g.line_no}"
                      f"{')' if g.host else ''}: {g.effect}")
-    for s in report.stragglers:
-        since = f" since step {s.since_step:.0f}" if s.since_step is not None else ""
-        ranks = f" (ranks {_ranks(s.ranks)})" if s.ranks else ""
-        lines.append(paint("slow: ", "yellow") + f"{s.host}{ranks}{since}: {s.effect}")
-        for e in s.evidence[:3]:
-            lines.append(f"  {paint(f'{e.line_no}:', 'cyan')} {_clip(e.text)}")
+    lines += _stragglers_text(report, paint)
     for note in report.notes:
         lines.append(paint(f"note: {note}", "dim"))
     c = report.compression
@@ -112,6 +148,14 @@ def render_text(report: Report, color: bool = False) -> str:
         )
     )
     return "\n".join(lines) + "\n"
+
+
+def _hypotheses_text(report: Report) -> list[str]:
+    if not report.hypotheses:
+        return []
+    head = ", ".join(f"{h.failure_type} ({h.p:.2f})" for h in report.hypotheses)
+    return [f"{'unsure':>10}  {head}: to tell them apart",
+            *(f"{'':>10}  - {h.failure_type}: {_clip(h.check)}" for h in report.hypotheses)]
 
 
 def _progress_text(report: Report) -> str:
@@ -156,6 +200,17 @@ def _culprit_text(report: Report) -> str:
 
 def _clip(text: str) -> str:
     return text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 1] + "…"
+
+
+def _stragglers_text(report: Report, paint: Callable[..., str]) -> list[str]:
+    """A `slow:` line per straggler host, with its ranks and since when, then its first kernel lines."""
+    lines = []
+    for s in report.stragglers:
+        since = f" since step {s.since_step:.0f}" if s.since_step is not None else ""
+        ranks = f" (ranks {_ranks(s.ranks)})" if s.ranks else ""
+        lines.append(paint("slow: ", "yellow") + f"{s.host}{ranks}{since}: {s.effect}")
+        lines += [f"  {paint(f'{e.line_no}:', 'cyan')} {_clip(e.text)}" for e in s.evidence[:3]]
+    return lines
 
 
 def _ranks(ranks: list[int]) -> str:

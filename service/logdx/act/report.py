@@ -10,7 +10,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from logdx.model import Action, Category, CompressionSummary, Diagnosis, Divergence, ProgressSummary, Straggler
+from logdx.model import (
+    Action,
+    Category,
+    CompressionSummary,
+    Cost,
+    Diagnosis,
+    Divergence,
+    LostWork,
+    ProgressSummary,
+    Straggler,
+)
 
 _MAX_SOURCES = 1024
 _MAX_RECOVERED = 50
@@ -157,6 +167,47 @@ class TimeoutBlock(BaseModel):
     explained_by: str | None = Field(None, description="the rule of the root cause that explains the timeouts")
 
 
+class HypothesisBlock(BaseModel):
+    """One label an unsure report still holds possible (its confidence below the cordon threshold)."""
+
+    category: Category
+    failure_type: str
+    action: Action
+    p: float = Field(ge=0, le=1, description="its share of the report's belief; the report's own label comes first")
+    check: str = Field(description="the one check that would confirm it")
+class LostWorkBlock(BaseModel):
+    """One failure's lost work (README, "What a failure cost"); null parts: the log does not say (see `notes`)."""
+
+    failure_ts: float | None = Field(None, description="when it failed (epoch seconds): the root line's time")
+    failure_step: float | None = Field(None, description="the step the job had reached")
+    failure_line: int | None = None
+    checkpoint_step: int | None = Field(None, description="the last checkpoint saved before the failure")
+    checkpoint_ts: float | None = None
+    checkpoint_line: int | None = None
+    since: Literal["checkpoint", "attempt_start", "job_start", ""] = Field(
+        "", description="what the lost work is counted from: the checkpoint, the first progress line of the attempt "
+        "the failure is in (when later than the checkpoint), the job's first line (no checkpoint); empty: unknown")
+    since_ts: float | None = None
+    lost_hours: float | None = Field(None, description="failure_ts - since_ts, in hours")
+    lost_gpu_hours: float | None = Field(None, description="gpus x lost_hours")
+    restart_ts: float | None = Field(None, description="the restarted attempt's first progress line, when the log holds it")
+    resumed_step: float | None = None
+    stood_still_s: float | None = Field(None, description="restart_ts - failure_ts: the job made no progress")
+    passed_ts: float | None = Field(None, description="when the restarted attempt was back at failure_step")
+    back_after_s: float | None = Field(None, description="passed_ts - failure_ts")
+
+
+class CostBlock(LostWorkBlock):
+    """What the failure cost, part by part, from the log (failed reports only)."""
+
+    gpus: int | None = Field(None, description="the job's world size: the launcher's, else 1 + the highest rank seen")
+    gpus_from: Literal["launcher", "ranks", ""] = ""
+    earlier_attempts: list[LostWorkBlock] = Field(
+        default_factory=list, description="failures of earlier attempts in the same log that were restarted "
+        "(their time is their last progress line's); not charged to this failure's cause")
+    notes: list[str] = Field(default_factory=list, description="each part the log does not give, and why")
+
+
 # "unknown": the log shows neither a failure nor the job's health (no end of the run, no exit code, training
 # that did not go on past its errors; logdx/diagnose/health.py); "empty": the input held no log text at all.
 Status = Literal["failed", "healthy", "unknown", "empty"]
@@ -188,6 +239,11 @@ class Report(BaseModel):
     stragglers: list[StragglerBlock] = Field(
         default_factory=list, description="hosts whose ranks step slower than the others' or whose step time jumped "
         "up, with their kernel/NIC lines in that window: advice, never an action, healthy jobs included")
+    hypotheses: list[HypothesisBlock] = Field(
+        default_factory=list, description="when the report is unsure (confidence below 0.8): its own label and the "
+        "one or two others the evidence still holds possible, each with the check that would confirm it")
+    cost: CostBlock | None = Field(None, description="what the failure cost (GPU-hours since the last checkpoint); "
+                                   "null unless failed")
 
 
 def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: dict[str, float]) -> Report:
@@ -218,6 +274,10 @@ def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: 
         degradations=[DegradationBlock(kind=g.kind, host=g.host, line_no=g.line_no, text=_clip(g.text), effect=g.effect)
                       for g in d.degradations[:_MAX_DEGRADATIONS]],
         stragglers=[_straggler_block(s) for s in d.stragglers[:_MAX_DEGRADATIONS]],
+        hypotheses=[] if healthy else [
+            HypothesisBlock(category=h.label.category, failure_type=h.label.failure_type, action=h.label.action,
+                            p=h.p, check=h.check) for h in d.hypotheses],
+        cost=_cost_block(d.cost) if not healthy and d.cost is not None else None,
     )
 
 
@@ -227,6 +287,25 @@ def _straggler_block(s: Straggler) -> StragglerBlock:
                           since_ts=s.since_ts, since_step=s.since_step, since_line=s.since_line,
                           evidence=[EvidenceItem(line_no=n, text=_clip(t), source="kernel") for n, t in s.evidence],
                           effect=s.effect)
+
+
+def _lost_fields(w: LostWork) -> dict[str, object]:
+    return {"failure_ts": w.failure_ts, "failure_step": w.failure_step, "failure_line": w.failure_line,
+            "checkpoint_step": w.checkpoint_step, "checkpoint_ts": w.checkpoint_ts,
+            "checkpoint_line": w.checkpoint_line, "since": w.since, "since_ts": w.since_ts,
+            "lost_hours": round(w.lost_s / 3600, 4) if w.lost_s is not None else None,
+            "lost_gpu_hours": w.lost_gpu_hours, "restart_ts": w.restart_ts, "resumed_step": w.resumed_step,
+            "stood_still_s": _round(w.stood_still_s), "passed_ts": w.passed_ts, "back_after_s": _round(w.back_after_s)}
+
+
+def _round(x: float | None) -> float | None:
+    return round(x, 1) if x is not None else None
+
+
+def _cost_block(c: Cost) -> CostBlock:
+    return CostBlock.model_validate({
+        **_lost_fields(c.failure), "gpus": c.gpus, "gpus_from": c.gpus_from, "notes": c.notes,
+        "earlier_attempts": [LostWorkBlock.model_validate(_lost_fields(w)) for w in c.earlier[:16]]})
 
 
 _MAX_DEGRADATIONS = 32

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from logdx.act.actions import ActionRecord, Actions
 from logdx.act.alerts.outbox import Outbox, OutboxWorker
+from logdx.act.costs import CostBook
 from logdx.act.policy import RestartVerdict
 from logdx.act.report import Report
 from logdx.config import Settings
@@ -64,6 +65,7 @@ class Responder:
         self.outbox = Outbox(db, settings.alerts, public_url, clock=clock, on_delivery=on_delivery)
         self.worker = OutboxWorker(self.outbox)
         self.actions = Actions(db, settings.actions, clock=clock)
+        self.costs = CostBook(db, clock=clock)
 
     def start(self) -> Responder:
         self.worker.start()
@@ -78,6 +80,11 @@ class Responder:
         out = Response()
         if report.status != "failed":
             return out
+        try:
+            self.costs.record(job_id, report)
+        except Exception as e:
+            log.exception("cost of job %s not recorded", job_id)
+            out.errors.append(f"cost not recorded: {type(e).__name__}: {e}")
         if act:
             try:
                 out.actions = self.actions.apply(job_id, report, restart=restart, verdict=verdict,

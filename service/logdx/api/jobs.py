@@ -27,7 +27,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from logdx import tenancy
-from logdx.act.history import AttemptHistory
+from logdx.act.costs import CostBook
+from logdx.act.history import AttemptHistory, lineage_of
 from logdx.act.policy import AttemptOutcome, restart_verdict
 from logdx.act.report import Report
 from logdx.api import jobviews
@@ -52,7 +53,7 @@ from logdx.api.metrics import Metrics
 from logdx.config import Settings
 from logdx.hosts import HostScope
 from logdx.incidents import IncidentStore
-from logdx.model import FailureContext
+from logdx.model import FT, Category, FailureContext
 from logdx.normalize import Source
 from logdx.pipeline import Engine, Session
 from logdx.store import migrate
@@ -88,6 +89,7 @@ class JobManager:
         self._jobs: dict[str, Job] = {}
         self._registry_lock = threading.Lock()
         self.history = AttemptHistory(db)
+        self.costs = CostBook(db)  # what each failed job cost (logdx costs)
         self.views = JobViews(db)  # the job pages (logdx.web)
         if coordinator is None:
             from logdx.api.embedded import EmbeddedCoordinator
@@ -299,8 +301,30 @@ class JobManager:
         job.diagnosis_key, job.last_report_id = key, report.id
         self.views.save_from(job.id, report, job.session)
         self.metrics.reports.labels(kind, report.status, report.category or "none").inc()
+        if report.status == "failed":
+            self._charge(job.id, report)
+        if job.session is not None and lineage_of(job.id)[1] > 1:
+            self._follow(job.id, job.session)
         if changed and report.status == "failed" and key != job.acted_key and self.actor is not None:
             self.actor.submit(self._effect(job, report, key))
+
+    def _charge(self, job_id: str, report: Report) -> None:
+        """The failure's cost in `job_costs` and the lost GPU-hours counter (what a re-diagnosis adds, once)."""
+        try:
+            recorded = self.costs.record(job_id, report)
+        except StoreError:
+            log.exception("cost of job %s not recorded", job_id)
+            return
+        if recorded is not None and recorded.added_gpu_hours > 0:
+            self.metrics.lost_gpu_hours.labels(recorded.failure_type or FT.UNKNOWN,
+                                               recorded.category or Category.UNKNOWN).inc(recorded.added_gpu_hours)
+
+    def _follow(self, job_id: str, session: Session) -> None:
+        """A later attempt of a lineage: the previous attempt's standing still and recovery (CostBook.follow)."""
+        try:
+            self.costs.follow(job_id, session.summary().progress)
+        except StoreError:
+            log.exception("attempt %s not linked to its previous attempt's cost", job_id)
 
     def _effect(self, job: Job, report: Report, key: str) -> Effect:
         """A diagnosis change to act on, with what the job's history says about restarting it."""

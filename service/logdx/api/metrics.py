@@ -83,6 +83,9 @@ class Metrics:
                                "fsync: per request; diagnose, replay: per run)",
                                ["stage"], buckets=_STAGE_BUCKETS, registry=r)
         self.reports = Counter("logdx_reports_total", "Diagnoses made", ["kind", "status", "category"], registry=r)
+        self.lost_gpu_hours = Counter("logdx_lost_gpu_hours_total", "GPU-hours failed jobs lost since their last checkpoint "
+                                      "(each job once: its report's cost.lost_gpu_hours)", ["cause", "category"],
+                                      registry=r)
         self.root_to_report = Histogram("logdx_root_cause_to_report_seconds",
                                         "From the first root-cause line's arrival to the first early diagnosis",
                                         buckets=_STAGE_BUCKETS, registry=r)

@@ -6,6 +6,7 @@
 - `GET /v1/nodes/{node}`, `POST /v1/nodes/{node}/uncordon` (a person's all-clear, audited).
 - `GET /v1/actions`: dry run or not, the actuator, the circuit breaker, the budget used, the audit.
 - `POST /v1/actions/reset`: close the circuit breaker (a person, audited).
+- `GET /v1/costs`: the GPU-hours failed jobs lost since their last checkpoint, by cause, node or category.
 
 The same as `logdx nodes` and `logdx actions` on the command line, over the same database.
 
@@ -16,7 +17,8 @@ tenant's token sees a culprit node's history on its job's page, with its own job
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import time
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -140,6 +142,22 @@ class ActionsOut(BaseModel):
     audit: list[ActionOut] = Field(description="the latest audit rows, oldest first")
 
 
+class CostGroup(BaseModel):
+    key: str = Field(description="the failure type, the culprit node or the category")
+    jobs: int
+    lost_gpu_hours: float
+    unknown: int = Field(description="jobs of the group whose log did not give their cost")
+
+
+class CostList(BaseModel):
+    by: str
+    since: float | None = Field(description="epoch seconds; null: every failure recorded")
+    failed_jobs: int
+    lost_gpu_hours: float
+    unknown: int
+    groups: list[CostGroup]
+
+
 def _node(name: str) -> NodeName:
     try:
         return NodeName(name)
@@ -153,6 +171,20 @@ def list_nodes(services: ServicesDep, blamed_only: bool = False,
                limit: Annotated[int, Query(ge=1, le=10_000)] = 500) -> dict[str, Any]:
     nodes = services.responder.actions.nodes.list(blamed_only=blamed_only, limit=limit)
     return {"nodes": [n.to_dict() for n in nodes], "count": len(nodes)}
+
+
+@nodes_router.get("/costs", response_model=CostList, tags=["nodes"],
+                  dependencies=[Depends(permit(READ, "read nodes", cluster_wide=True))],
+                  summary="GPU-hours lost to failures since their last checkpoint (logdx costs)")
+def list_costs(services: ServicesDep, by: Literal["cause", "node", "category"] = "cause",
+               since_s: Annotated[float | None, Query(gt=0, le=10 * 365 * 86400,
+                                                      description="only the last since_s seconds")] = None,
+               limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> dict[str, Any]:
+    costs = services.responder.costs
+    since = time.time() - since_s if since_s is not None else None
+    jobs, hours, unknown = costs.total(since)
+    return {"by": by, "since": since, "failed_jobs": jobs, "lost_gpu_hours": hours, "unknown": unknown,
+            "groups": [r.to_dict() for r in costs.rollup(by, since, limit=limit)]}
 
 
 @nodes_router.get("/nodes/{node}", response_model=NodeOut, tags=["nodes"], summary="One node and its history",

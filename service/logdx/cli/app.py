@@ -11,14 +11,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from logdx import __version__, progress
-from logdx.api.server import add_serve_parser  # light: FastAPI loads only when serve runs
-from logdx.cli.config import add_config_parsers
 from logdx.cli.diagnose import add_diagnose_args, add_diagnose_parser, cmd_diagnose
-from logdx.cli.incidents import add_incident_parsers
-from logdx.cli.nodes import add_node_parsers
-from logdx.cli.tools import add_tool_parsers
 from logdx.faces import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Parser, UsageError
-from logdx.run.cli import add_run_parser
 
 _DESCRIPTION = "Diagnose why a training job failed, from its logs."
 # What `diagnose X` reaches besides a log: the commands a user of `diagnose` needs.
@@ -26,19 +20,41 @@ _DIAGNOSE_SUBCOMMANDS = frozenset({"incidents", "feedback", "rules"})
 
 
 def build_parser(prog: str = "logdx") -> argparse.ArgumentParser:
+    # The other commands' modules load only when their parsers are built: `diagnose` (the common
+    # command, see `_build_diagnose_only`) imports none of them.
     from logdx.agent.cli import add_mcp_parser  # light, like the others: the SDK loads only when mcp runs
+    from logdx.api.server import add_serve_parser  # light: FastAPI loads only when serve runs
+    from logdx.cli.config import add_config_parsers
+    from logdx.cli.costs import add_cost_parsers
+    from logdx.cli.incidents import add_incident_parsers
+    from logdx.cli.nodes import add_node_parsers
+    from logdx.cli.tools import add_tool_parsers
+    from logdx.run.cli import add_run_parser
 
-    parser = Parser(prog=prog, description=_DESCRIPTION)
-    parser.add_argument("--version", action="version", version=f"logdx {__version__}")
-    sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
+    parser, sub = _top_parser(prog)
     add_diagnose_parser(sub)
     add_tool_parsers(sub, Parser)
     add_incident_parsers(sub, Parser)
     add_node_parsers(sub, Parser)
+    add_cost_parsers(sub)
     add_config_parsers(sub, Parser)
     add_run_parser(sub)
     add_serve_parser(sub)
     add_mcp_parser(sub)
+    return parser
+
+
+def _top_parser(prog: str) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    parser = Parser(prog=prog, description=_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"logdx {__version__}")
+    return parser, parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
+
+
+def _build_diagnose_only(prog: str = "logdx") -> argparse.ArgumentParser:
+    """`logdx diagnose ...`: the same parser as `build_parser`'s for that command, without the others
+    (their modules cost more to import than a short log costs to diagnose)."""
+    parser, sub = _top_parser(prog)
+    add_diagnose_parser(sub)
     return parser
 
 
@@ -93,7 +109,10 @@ def _silence_stdout() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`logdx COMMAND ...`"""
-    return run_command(sys.argv[1:] if argv is None else argv, "logdx", build_parser)
+    args = list(sys.argv[1:] if argv is None else argv)
+    # `logdx diagnose LOG` parses exactly as with every command's parser; `logdx --help` needs them all.
+    build = _build_diagnose_only if args[:1] == ["diagnose"] else build_parser
+    return run_command(args, "logdx", build)
 
 
 def diagnose_main(argv: Sequence[str] | None = None) -> int:

@@ -86,7 +86,6 @@ def add_diagnose_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from logdx.act.render import render_text
     from logdx.cli.inputs import collect
     from logdx.formats import FormatError
     from logdx.normalize import InputError
@@ -118,6 +117,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:
+        from logdx.act.render import render_text  # (not for --json: the report's own JSON)
+
         sys.stdout.write(render_text(report, color=use_color(args, sys.stdout)))
     return EXIT_INTERRUPTED if diagnosed.partial else EXIT_OK
 
@@ -367,6 +368,7 @@ def _default_job_id(logs: list[str]) -> str:
 def keep(engine: Engine, diagnosed: Diagnosed, job_id: str) -> None:
     """Store the report (for `diagnose feedback`), and the nodes the log named and blamed (for
     `logdx nodes`); a read-only or locked store must not cost the report: it says so in a note."""
+    from logdx.act.costs import CostBook
     from logdx.act.nodes import NodeBook
     from logdx.act.policy import cordon_targets
     from logdx.store import MigrationError
@@ -379,6 +381,10 @@ def keep(engine: Engine, diagnosed: Diagnosed, job_id: str) -> None:
         book = NodeBook(engine.incidents.db, settings.actions)
         book.seen(diagnosed.hosts)
         book.record_diagnosis(job_id, report, cordon_targets(report))
+        costs = CostBook(engine.incidents.db)
+        costs.record(job_id, report)
+        if diagnosed.session is not None:
+            costs.follow(job_id, diagnosed.session.summary().progress)
     except (OSError, sqlite3.Error, MigrationError) as e:
         report.notes.append(f"report not stored ({e}); feedback on it will not be possible")
 

@@ -2,6 +2,7 @@
 line, over the same database as `logdx serve` and `logdx run` (`store.path`).
 
     logdx nodes [--blamed] [--json]          nodes seen in job logs; blamed / cordoned first, with their grades
+    logdx nodes --by lost-gpu-hours          ... the nodes whose failures lost the most GPU-hours first
     logdx nodes show NODE                    one node's history (JSON)
     logdx nodes uncordon NODE --by NAME      a person's all-clear (audited; "resolved" alerts follow)
     logdx nodes check                        run actions.health_check_command now
@@ -34,6 +35,11 @@ def add_node_parsers(sub: argparse._SubParsersAction, parser_class: type[argpars
     nodes.add_argument("--blamed", action="store_true", help="only nodes a diagnosis blamed")
     nodes.add_argument("--json", action="store_true", help="the list as JSON")
     nodes.add_argument("--limit", type=int, default=500)
+    nodes.add_argument("--by", choices=("events", "lost-gpu-hours"), default="events",
+                       help="order: by the node book (blamed, cordoned first), or by the GPU-hours the failures "
+                       "blamed on each node lost (logdx costs)")
+    nodes.add_argument("--since", default="", metavar="SPAN", help="with --by lost-gpu-hours: failures in the last "
+                       "SPAN only (7d, 12h)")
     add_config_arg(nodes)
     nodes.set_defaults(func=_list)
     nodes_sub = nodes.add_subparsers(dest="nodes_command", parser_class=parser_class, metavar="SUBCOMMAND")
@@ -92,28 +98,62 @@ def _when(ts: float | None) -> str:
 def _list(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise UsageError("--limit must be >= 1")
+    if args.by == "lost-gpu-hours":
+        return _by_lost_hours(args)
     with _responder(args) as r:
         nodes = r.actions.nodes.list(blamed_only=args.blamed, limit=args.limit)
+    lost = _lost_hours_by_node(args)
     if args.json:
-        print(json.dumps([n.to_dict() for n in nodes], indent=2))
+        print(json.dumps([{**n.to_dict(), "lost_gpu_hours": lost.get(n.node)} for n in nodes], indent=2))
         return EXIT_OK
     if not nodes:
         print("no node seen yet")
         return EXIT_OK
-    rows = [("node", "grade", "state", "since", "events", "jobs", "failure types")]
+    rows = [("node", "grade", "state", "since", "events", "jobs", "GPU-h lost", "failure types")]
     for n in nodes:
         jobs = f"{len(n.jobs)}" + (" (several jobs)" if n.blamed_by_several_jobs else "")
         types = ", ".join(f"{t or '?'} x{c}" for t, c in n.failure_types.items()) or "-"
         grade = (n.grade.grade if n.grade is not None else "ok") + (" (avoided)" if n.avoided else "")
+        hours = f"{lost[n.node]:,.1f}" if n.node in lost else "-"
         rows.append((n.node, grade, n.state, _when(n.state_since) if n.state != "ok" else "-", str(n.events), jobs,
-                     types))
+                     hours, types))
     _table(rows)
     graded = [n for n in nodes if n.grade is not None and n.grade.grade != "ok"]
     if graded:
         print("")
         for n in graded:
             assert n.grade is not None
-            print(f"{n.node}: {n.grade.grade}: {n.grade.reason}")
+            charged = f"; {lost[n.node]:,.1f} GPU-hours lost to its failures" if n.node in lost else ""
+            print(f"{n.node}: {n.grade.grade}: {n.grade.reason}{charged}")
+    return EXIT_OK
+
+
+def _lost_hours_by_node(args: argparse.Namespace) -> dict[str, float]:
+    """The GPU-hours the failures blamed on each node lost (job_costs), for the grade's reason."""
+    from logdx.act.costs import NO_HOST
+    from logdx.cli.costs import cost_book
+
+    with cost_book(args) as book:
+        return {r.key: r.lost_gpu_hours for r in book.rollup("node", None, limit=100_000) if r.key != NO_HOST}
+
+
+def _by_lost_hours(args: argparse.Namespace) -> int:
+    """The nodes ranked by the work their failures destroyed (job_costs), not by how often they failed."""
+    from logdx.act.costs import NO_HOST
+    from logdx.cli.costs import cost_book, parse_since
+
+    with cost_book(args) as book:
+        rows = [r for r in book.rollup("node", parse_since(args.since), limit=args.limit + 1)
+                if r.key != NO_HOST][:args.limit]
+    if args.json:
+        print(json.dumps([{"node": r.key, "lost_gpu_hours": r.lost_gpu_hours, "jobs": r.jobs, "unknown": r.unknown}
+                          for r in rows], indent=2))
+        return EXIT_OK
+    if not rows:
+        print("no failure blamed on a node has a cost yet")
+        return EXIT_OK
+    _table([("node", "GPU-hours lost", "failed jobs", "unknown"),
+            *((r.key, f"{r.lost_gpu_hours:,.1f}", str(r.jobs), str(r.unknown) if r.unknown else "") for r in rows)])
     return EXIT_OK
 
 

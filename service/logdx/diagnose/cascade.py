@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from logdx.diagnose.cost import cost_of
 from logdx.diagnose.culprit import UNNAMED_CORDON_MIN_CONFIDENCE, blames_one_node
 from logdx.diagnose.degradations import degradations_of
 from logdx.diagnose.fusion import FusionResult, FusionWeights, fuse, needs_arbiter
@@ -22,6 +23,7 @@ from logdx.diagnose.health import faults_after_the_end, health_of
 from logdx.diagnose.life import first_stopped
 from logdx.diagnose.rootcause import Finding, RulesOutcome, find_root_cause, likeliest_unexplained
 from logdx.diagnose.rules import RuleSet
+from logdx.diagnose.shortlist import shortlist
 from logdx.diagnose.stragglers import stragglers_of
 from logdx.diagnose.untrusted import guard_action, without_instructions
 from logdx.model import (
@@ -86,6 +88,8 @@ class Diagnoser:
         diagnosis.stragglers = stragglers_of(summary, events)  # advice: the action stays what it was
         if diagnosis.status == "failed":
             diagnosis.stopped_first = first_stopped(summary)
+            diagnosis.hypotheses = shortlist(diagnosis)
+            diagnosis.cost = cost_of(diagnosis, summary, templates)
         return diagnosis
 
     def _diagnose(self, outcome: RulesOutcome, summary: CompressionSummary, templates: Sequence[TemplateStats],

@@ -34,15 +34,9 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from logdx.diagnose.fusion import format_neighbour_evidence
-from logdx.model import Evidence, FailureContext, Label, StageVote
 from logdx.patterns import PARAM, mask
-from logdx.taxonomy import category_of, default_action
 
-__all__ = [
-    "CATALOG_PATH", "Catalog", "CatalogEntry", "CatalogHit", "catalog", "catalog_meta", "catalog_vote", "content_words",
-    "match",
-]
+__all__ = ["CATALOG_PATH", "Catalog", "CatalogEntry", "CatalogHit", "catalog", "catalog_meta", "content_words"]
 
 CATALOG_PATH = Path(__file__).resolve().parent.parent / "kb" / "catalog.jsonl.gz"
 META_PATH = CATALOG_PATH.with_name("catalog.meta.json")
@@ -367,7 +361,7 @@ def _best(hits: list[CatalogHit], limit: int) -> list[CatalogHit]:
 
 # ---- the shipped catalog ---------------------------------------------------------------------------
 
-_lock = threading.Lock()
+lock = threading.Lock()  # guards the parse (and catalog_stage's choice of matcher)
 _loaded: Catalog | None = None
 
 
@@ -375,48 +369,33 @@ def catalog() -> Catalog:
     """The shipped catalog, loaded on first use (about a second) and shared by every thread."""
     global _loaded
     if _loaded is None:
-        with _lock:
+        with lock:
             if _loaded is None:
-                built = catalog_meta().get("format")
-                if built != FORMAT_VERSION:
-                    raise RuntimeError(f"{CATALOG_PATH} has format {built}; this logdx reads format "
-                                       f"{FORMAT_VERSION}: rebuild it with `make catalog`")
-                _loaded = Catalog.load()
+                _loaded = _load_checked()
     return _loaded
 
 
-def match(line: str, exception_type: str | None = None, limit: int = 5) -> list[CatalogHit]:
-    """`catalog().match(...)`: the known messages a line came from, best first."""
-    return catalog().match(line, exception_type, limit)
+def _load_checked() -> Catalog:
+    built = catalog_meta().get("format")
+    if built != FORMAT_VERSION:
+        raise RuntimeError(f"{CATALOG_PATH} has format {built}; this logdx reads format "
+                           f"{FORMAT_VERSION}: rebuild it with `make catalog`")
+    return Catalog.load()
+
+
+def parsed_unlocked() -> Catalog:
+    """The shipped catalog parsed, for a caller that already holds `lock` (`catalog()` takes it)."""
+    global _loaded
+    if _loaded is None:
+        _loaded = _load_checked()
+    return _loaded
+
+
+def already_parsed() -> bool:
+    return _loaded is not None
 
 
 @cache
 def catalog_meta() -> dict:
     """What the shipped catalog was built from: format, framework versions and files, counts."""
     return json.loads(META_PATH.read_text(encoding="utf-8"))
-
-
-# -- the catalog as a diagnosis stage ------------------------------------------------------------------
-
-
-def catalog_vote(ctx: FailureContext, limit: int = 3) -> StageVote:
-    """What the catalog says of the root line: the labels of the messages it came from, scored by
-    how well they match (a stage vote; see cascade.py)."""
-    line = ctx.root_message or ctx.root_text
-    if not line:
-        return StageVote(source="catalog", scores=[])
-    scores: dict[tuple[str, str], tuple[Label, float]] = {}
-    evidence: list[Evidence] = []
-    for hit in match(line, ctx.exception_type, limit):
-        e = hit.entry
-        cat = category_of(e.failure_type)
-        if cat is None:
-            continue
-        label = Label(cat, e.failure_type, default_action(cat, e.failure_type))
-        key = (cat.value, e.failure_type)
-        if key not in scores or hit.score > scores[key][1]:
-            scores[key] = (label, hit.score)
-        evidence.append(Evidence(line_no=None, text=format_neighbour_evidence(label, hit.score, e.text()),
-                                 source=f"catalog:{e.id}"))
-    ranked = sorted(scores.values(), key=lambda s: -s[1])
-    return StageVote(source="catalog", scores=ranked, evidence=evidence[:limit])

@@ -13,8 +13,6 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-import msgpack
-
 from logdx.formats.base import Batch, Format, FormatError, Meta
 from logdx.formats.fields import parse_ts
 from logdx.formats.records import add_record
@@ -29,6 +27,8 @@ class EventTime(float):
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
+    import msgpack  # (msgpack loads with the first msgpack body, not with the format registry)
+
     if code == 0 and len(data) == 8:
         sec, nsec = _EVENT_TIME.unpack(data)
         return EventTime(sec + nsec / 1e9)
@@ -45,6 +45,8 @@ def looks_fluent(head: bytes) -> bool:
 
 class FluentParser:
     def __init__(self, meta: Meta) -> None:
+        import msgpack
+
         self.meta = meta
         self.events = 0
         limit = meta.max_record_bytes
@@ -56,6 +58,8 @@ class FluentParser:
                                           max_array_len=_MAX_ITEMS, max_map_len=_MAX_ITEMS)
 
     def feed(self, data: bytes) -> Batch:
+        import msgpack
+
         batch = Batch()
         for i in range(0, len(data), self._slice):
             piece = data[i:i + self._slice]
@@ -77,6 +81,8 @@ class FluentParser:
         return batch
 
     def _drain(self, batch: Batch) -> None:
+        import msgpack
+
         try:
             for event in self._unpacker:
                 self.events += 1

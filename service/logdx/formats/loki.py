@@ -11,13 +11,10 @@ key), the host from `host`, `hostname` or `node`, the rank from `rank`.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
-
-import cramjam
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.message import DecodeError
 
 from logdx.formats.base import Batch, Document, Format, FormatError, Meta, load_json_document
 from logdx.formats.fields import parse_ts, routed_job, source_of, split_message
@@ -39,6 +36,8 @@ def parse_labels(text: str) -> dict[str, str]:
 
 def _push_request_class() -> Any:
     """logproto.PushRequest, built from its field list (Loki ships no Python package)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
     f = descriptor_pb2.FileDescriptorProto(name="logdx_logproto_push.proto", package="logproto", syntax="proto3")
     f.dependency.append("google/protobuf/timestamp.proto")
     T = descriptor_pb2.FieldDescriptorProto
@@ -67,9 +66,24 @@ def _push_request_class() -> Any:
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("logproto.PushRequest"))
 
 
-PushRequest = _push_request_class()
-EntryAdapter: Any = message_factory.GetMessageClass(  # built at run time: the stubs know none of its fields
-    PushRequest.DESCRIPTOR.fields_by_name["streams"].message_type.fields_by_name["entries"].message_type)
+@functools.cache
+def _classes() -> tuple[Any, Any]:
+    """(PushRequest, EntryAdapter), built on first use: protobuf loads only when a Loki body is read."""
+    from google.protobuf import message_factory
+
+    push = _push_request_class()
+    entry = message_factory.GetMessageClass(  # built at run time: the stubs know none of its fields
+        push.DESCRIPTOR.fields_by_name["streams"].message_type.fields_by_name["entries"].message_type)
+    return push, entry
+
+
+def __getattr__(name: str) -> Any:
+    """`PushRequest` and `EntryAdapter` as module attributes, built when first asked for."""
+    if name == "PushRequest":
+        return _classes()[0]
+    if name == "EntryAdapter":
+        return _classes()[1]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _host(labels: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -121,7 +135,10 @@ class LokiProtobuf(Document):
     (`protowire`), one entry parsed at a time."""
 
     def read(self, body: bytes) -> Batch:
+        from google.protobuf.message import DecodeError
+
         raw = snappy_block(body, self.meta.max_document_bytes, "a Loki protobuf body")
+        entry_class = _classes()[1]
         batch = Batch()
         meta = self.meta
         for a, b in spans(raw, 0, len(raw), 1, _PUSH):
@@ -140,7 +157,7 @@ class LokiProtobuf(Document):
                 if x == y:
                     batch.refuse("empty")
                     continue
-                entry = EntryAdapter()
+                entry = entry_class()
                 try:
                     entry.MergeFromString(raw[x:y])
                 except (DecodeError, RuntimeError, ValueError) as e:
@@ -159,6 +176,8 @@ _PUSH = "Loki PushRequest"
 def snappy_block(body: bytes, limit: int, what: str) -> bytearray:
     """Snappy's block format, inflated only when the size its header declares is within `limit`
     (a 2 MB body may declare 4 GB); cramjam then refuses data that does not make exactly that size."""
+    import cramjam
+
     try:
         size = cramjam.snappy.decompress_raw_len(body)
     except cramjam.DecompressionError as e:

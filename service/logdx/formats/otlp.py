@@ -14,20 +14,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
-
-from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
-    ExportLogsPartialSuccess,
-    ExportLogsServiceResponse,
-)
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from typing import TYPE_CHECKING, Any
 
 from logdx.formats.base import Batch, Document, Format, FormatError, Meta, load_json_document
 from logdx.formats.fields import routed_job, source_of, split_message
 from logdx.formats.protowire import LEN, fields, spans
+
+if TYPE_CHECKING:  # the protobuf classes load when an OTLP protobuf body is read, not with the format registry
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 _NS = 1e-9
 
@@ -124,6 +118,8 @@ class OtlpProtobuf(Document):
     nothing, and the record count is bounded before any record is built."""
 
     def read(self, body: bytes) -> Batch:
+        from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
         batch = Batch()
         meta = self.meta
         for a, b in spans(body, 0, len(body), 1, _REQUEST):
@@ -143,6 +139,8 @@ class OtlpProtobuf(Document):
         return batch
 
     def _scope(self, body: bytes, start: int, end: int, resource: dict[str, Any], batch: Batch) -> None:
+        from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
+
         meta = self.meta
         for a, b in spans(body, start, end, 2, _REQUEST):
             meta.count()
@@ -160,6 +158,8 @@ _REQUEST = "OTLP ExportLogsServiceRequest"
 
 
 def _merge(message: Any, data: bytes) -> None:
+    from google.protobuf.message import DecodeError
+
     try:
         message.MergeFromString(data)
     except (DecodeError, RuntimeError, ValueError) as e:
@@ -196,6 +196,11 @@ def _records(items: Iterable[Any], meta: Meta, batch: Batch) -> Iterator[Mapping
 
 def response(protobuf: bool, rejected: int = 0, message: str = "") -> tuple[bytes, str]:
     """The OTLP answer (body, content type): empty, or `partial_success` naming what was refused."""
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+        ExportLogsPartialSuccess,
+        ExportLogsServiceResponse,
+    )
+
     if protobuf:
         out = ExportLogsServiceResponse()
         if rejected or message:

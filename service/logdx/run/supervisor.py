@@ -130,6 +130,7 @@ class Supervisor:
                 runner.run()
                 self.guardian.clear()
                 attempt.report = runner.finish()
+                self._follow(attempt, runner)
             attempt.ended_at = time.time()
             exit_code = attempt.exit_code
             previous = self.attempts[-2] if len(self.attempts) > 1 else None
@@ -155,6 +156,16 @@ class Supervisor:
             if self.interrupted is not None:
                 attempt.decision = "stop: interrupted during the backoff"
                 return self._done(128 + self.interrupted)
+
+    def _follow(self, a: Attempt, runner: AttemptRunner) -> None:
+        """The previous attempt's cost learns how long the job stood still and when this one was back."""
+        if self.responder is None or a.number < 2:
+            return
+        try:
+            self.responder.costs.follow(self._alert_id(a), runner.session.summary().progress,
+                                        previous=self._alert_id(self.attempts[-2]))
+        except Exception as e:  # noqa: BLE001 - the store failing must not stop the supervision
+            self.say(f"the previous attempt's cost was not completed: {type(e).__name__}: {e}")
 
     def _alert_id(self, a: Attempt) -> str:
         return f"{self.opts.job_id}/attempt-{a.number}"

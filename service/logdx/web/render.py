@@ -20,7 +20,7 @@ import jinja2
 from markupsafe import Markup
 from pydantic import BaseModel, Field
 
-from logdx.act.render import recommended_action
+from logdx.act.render import cost_sentence, recommended_action
 from logdx.act.report import Report
 from logdx.model import Action, Category
 from logdx.taxonomy import taxonomy
@@ -98,7 +98,8 @@ def render_job_body(view: JobView) -> str:
     templates): the same for every reader, so the service renders it once per diagnosis."""
     report = view.report
     return _env().get_template("job_body.html.j2").render(
-        view=view, report=report, recommended=recommended_action(report),
+        view=view, report=report, recommended=recommended_action(report), cost=cost_sentence(report),
+        stood=_duration_words,
         corroboration=corroboration_words(view),
         lanes=_lane_rows(view), axis=_axis(view), cascade=_cascade_summary(view.events), zoom=_zoom(view),
         sources=sorted({e.source.split(":", 1)[0] for e in report.evidence}),
@@ -272,6 +273,12 @@ def _when(ts: float | None) -> str:
     if ts is None:
         return "-"
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _duration_words(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.0f} min" if s >= 60 else f"{s:.0f} s"
 
 
 def _num(x: float | int | None) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from logdx.act.alerts.base import Alert, clip, dest_key, redact_origin
-from logdx.act.render import recommended_action, unverified_mark
+from logdx.act.render import cost_sentence, recommended_action, unverified_mark
 from logdx.act.report import Report
 from logdx.model import FT, Category
 from logdx.settings_base import Section
@@ -69,6 +69,9 @@ def slack_payload(alert: Alert, report_url: str | None) -> dict:
         })
     if report.explanation:
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _esc(clip(report.explanation, 2000))}})
+    cost = cost_sentence(report)
+    if cost:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "*Cost* " + _esc(clip(cost[:1].upper() + cost[1:], 1000))}})
     context = []
     if report.hint:
         context.append({"type": "mrkdwn", "text": f"*Next:* {_esc(clip(report.hint, 1500))}"})

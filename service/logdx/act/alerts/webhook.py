@@ -24,7 +24,7 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import EmptyWebhookSecretError
 
 from logdx.act.alerts.base import Alert, dest_key, redact_origin
-from logdx.act.render import recommended_action
+from logdx.act.render import cost_sentence, recommended_action
 from logdx.settings_base import Section
 
 EVENT_TYPE = "logdx.diagnosis"
@@ -102,7 +102,7 @@ def webhook_payload(alert: Alert, report_url: str | None, now: float | None = No
     recommended action and what was done; or (`logdx.resolved`) why the failure is over."""
     ts = datetime.fromtimestamp(time.time() if now is None else now, tz=UTC)
     data = {"job_id": alert.job_id, "report_url": report_url, "page_url": alert.page_url or None, "recommended": recommended_action(alert.report),
-            "done": list(alert.done), "report": alert.report.model_dump(mode="json")}
+            "cost": cost_sentence(alert.report) or None, "done": list(alert.done), "report": alert.report.model_dump(mode="json")}
     if alert.resolved:
         data["resolved"] = alert.resolved
     return {

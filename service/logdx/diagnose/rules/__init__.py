@@ -14,11 +14,10 @@ file to match, one module a step:
 
 from __future__ import annotations
 
-from logdx.diagnose.rules.compiled import Origin, OriginConfig, Rule, RuleError, RuleHit
+from logdx.diagnose.rules.compiled import KNOWN_KINDS, Origin, OriginConfig, Rule, RuleError, RuleHit
 from logdx.diagnose.rules.examples import check_examples, example_event
 from logdx.diagnose.rules.loader import ENV_RULES_DIR, default_rules_dir, load_rules
 from logdx.diagnose.rules.matcher import RuleSet, classify_origin, render_hint
-from logdx.diagnose.rules.spec import KNOWN_KINDS
 
 __all__ = [
     "ENV_RULES_DIR",

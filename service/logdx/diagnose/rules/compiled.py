@@ -13,6 +13,7 @@ from logdx.model import Event, EventKind, Label, Record, Role, Severity
 # traceback the log ends inside, before its exception line.
 ANY_EXCEPTION, CUT_OFF = "*", "-"
 EXCEPTION_MARKERS = frozenset({ANY_EXCEPTION, CUT_OFF})
+KNOWN_KINDS: frozenset[str] = frozenset(k.value for k in EventKind)  # what `match.kinds` may name
 
 _ROLE_RANK = {Role.ROOT_CAUSE: 0, Role.FALLBACK: 1, Role.SYMPTOM: 2}
 Origin = Literal["user", "library"]

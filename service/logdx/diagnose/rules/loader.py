@@ -10,27 +10,18 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-from pydantic import ValidationError
-
-from logdx import yamlsafe
-from logdx.diagnose.rules.compiled import EXCEPTION_MARKERS, OriginConfig, PackTest, Rule, RuleError
+from logdx.diagnose.rules.compiled import EXCEPTION_MARKERS, KNOWN_KINDS, OriginConfig, PackTest, Rule, RuleError
 from logdx.diagnose.rules.examples import check_examples
 from logdx.diagnose.rules.keywords import pattern_problem, rule_literals
 from logdx.diagnose.rules.matcher import RuleSet
-from logdx.diagnose.rules.spec import (
-    KNOWN_KINDS,
-    EventExpect,
-    LabelSpec,
-    MatchSpec,
-    OriginSpec,
-    PackSpec,
-    PackTestSpec,
-    RecordExpect,
-    RuleSpec,
-)
+
+if TYPE_CHECKING:  # YAML, pydantic and the pack format load only when packs are compiled, not read from the cache
+    import yaml
+    from pydantic import ValidationError
+
+    from logdx.diagnose.rules.spec import EventExpect, MatchSpec, OriginSpec, RecordExpect, RuleSpec
 from logdx.model import FT, Action, Category, EventKind, Label, Role
 from logdx.taxonomy import category_of, default_action, make_label
 
@@ -55,11 +46,13 @@ def default_rules_dir() -> Path:
     raise RuleError([f"no rules directory found (tried {tried}); set {ENV_RULES_DIR}"])
 
 
-def load_rules(dirs: Sequence[Path | str] | Path | str, *, verify: bool = True) -> RuleSet:
+def load_rules(dirs: Sequence[Path | str] | Path | str, *, verify: bool = True,
+               cache_dir: Path | None = None) -> RuleSet:
     """Load every ``*.yaml`` pack of each folder (or pack file) in order.
 
     ``verify`` also runs every rule's examples and counterexamples (the CLI's ``rules test``
-    loads with ``verify=False`` and lists all problems with ``check_examples``)."""
+    loads with ``verify=False`` and lists all problems with ``check_examples``). ``cache_dir``: a
+    verified rule set is read from and kept there, keyed by its packs' hashes (``rules.cache``)."""
     if isinstance(dirs, (str, Path)):
         dirs = [dirs]
     files: list[Path] = []
@@ -72,6 +65,25 @@ def load_rules(dirs: Sequence[Path | str] | Path | str, *, verify: bool = True) 
             files.append(p)
         else:
             problems.append(f"{_display(p)}: no such rules directory or file")
+    if problems or not verify or cache_dir is None:
+        return _compile(files, problems, verify)
+    from logdx.diagnose.rules import cache
+
+    try:
+        key = cache.cache_key(files)
+    except OSError:  # a pack that cannot be read: the loader says which
+        return _compile(files, problems, verify)
+    path = cache_dir / cache.CACHE_FILE
+    shown = [_display(f) for f in files]
+    cached = cache.read_cached(path, key)
+    if cached is not None:
+        return cache.rename_packs(cached[0], cached[1], shown)
+    ruleset = _compile(files, problems, verify)
+    cache.write_cached(path, key, ruleset, shown)
+    return ruleset
+
+
+def _compile(files: list[Path], problems: list[str], verify: bool) -> RuleSet:
     rules: list[Rule] = []
     tests: list[PackTest] = []
     origin = OriginConfig()
@@ -117,6 +129,9 @@ class _Lines:
     """Line numbers of a YAML document by path: ("rules", 3, "failure_type") -> 41."""
 
     def __init__(self, root: yaml.Node | None) -> None:
+        import yaml
+
+        self._yaml = yaml
         self.at: dict[tuple[Any, ...], int] = {}
         self.duplicates: list[tuple[tuple[Any, ...], int]] = []
         if root is not None:
@@ -124,6 +139,7 @@ class _Lines:
 
     def _walk(self, node: yaml.Node, path: tuple[Any, ...]) -> None:
         self.at.setdefault(path, node.start_mark.line + 1)  # a key's own line was set first
+        yaml = self._yaml
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
                 key = k.value if isinstance(k, yaml.ScalarNode) else str(k.start_mark)
@@ -146,6 +162,11 @@ class _Lines:
 
 
 def _load_pack(path: Path, start_order: int) -> _LoadedPack:
+    from pydantic import ValidationError
+
+    from logdx import yamlsafe
+    from logdx.diagnose.rules.spec import PackSpec, RuleSpec
+
     out = _LoadedPack()
     shown = _display(path)
     try:
@@ -194,6 +215,10 @@ def _load_pack(path: Path, start_order: int) -> _LoadedPack:
 def _load_test(raw: Any, pack: str, shown: str, lines: _Lines, data: Any, tpath: tuple[Any, ...],
                problems: list[str]) -> PackTest | None:
     """One raw-input test of a pack, checked as far as it can be alone (its rule ids: by `load_rules`)."""
+    from pydantic import ValidationError
+
+    from logdx.diagnose.rules.spec import PackTestSpec
+
     if not isinstance(raw, dict):
         problems.append(f"{shown}:{lines.line(tpath)}: test #{tpath[1] + 1} is not a mapping")
         return None
@@ -335,6 +360,8 @@ def _make_label(category: Category, failure_type: str, action: Action | None) ->
 
 def _by_origin_labels(spec: RuleSpec, where: Callable[..., str], problems: list[str]) -> dict[str, Label | None]:
     """The labels of a rule whose verdict depends on whose code raised (user or library)."""
+    from logdx.diagnose.rules.spec import LabelSpec
+
     assert spec.by_origin is not None
     if spec.category is not None or spec.failure_type is not None or spec.action is not None:
         problems.append(f"{where('by_origin')}: give either category/failure_type/action or by_origin, not both")

@@ -10,10 +10,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from logdx.model import Action, Category, EventKind, Role, Severity
+from logdx.diagnose.rules.compiled import KNOWN_KINDS
+from logdx.model import Action, Category, Role, Severity
+
+__all__ = ["KNOWN_KINDS"]  # defined with the compiled rules (a rule set read from its cache needs no spec)
 
 # Event kinds the detect stage produces; a rule naming another kind is a typo (the loader says so, by line).
-KNOWN_KINDS: frozenset[str] = frozenset(k.value for k in EventKind)
 
 _Strict = ConfigDict(extra="forbid", strict=True)
 _NonEmpty = Annotated[str, Field(min_length=1)]
