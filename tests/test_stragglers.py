@@ -6,10 +6,13 @@ the verdict and its action are the same as for the same job without the slow hos
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pytest
+
+from api_server import Server
 
 from logdx.act.render import render_text
 from logdx.act.report import Report
@@ -231,3 +234,23 @@ def test_a_session_moved_mid_job_to_another_process_names_the_same_straggler(eng
     moved = Session.restore(engine, first.snapshot())
     moved.feed_lines(lines[len(lines) // 2:])
     assert moved.report(exit_code=0).stragglers == whole.stragglers != []
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = Server(tmp_path_factory.mktemp("stragglers")).start()
+    yield srv
+    srv.stop()
+
+
+def test_the_service_names_it_in_a_job_uploaded_per_node(server: Server) -> None:
+    job = Job(hosts=4, per_host=4, seed=5, jump_host=1, kernel=(1, 196, THERMAL))
+    lines = job.lines()
+    with server.client() as c:
+        for host in job.names:  # one upload per node (its ranks' lines and its kernel's), as a shipper per node sends
+            body = "".join(line + "\n" for line in lines if f" {host}" in line).encode()
+            assert c.post("/v1/jobs/slow-node/logs", content=body).status_code == 200
+        report = c.post("/v1/jobs/slow-node/end", json={"exit_code": 0}).json()
+    assert [(s["host"], s["kind"], s["ranks"]) for s in report["stragglers"]] == [(job.names[1], "slowed", [4, 5, 6, 7])]
+    assert report["stragglers"][0]["evidence"][0]["text"].endswith(THERMAL)
+    assert report["status"] == "healthy" and report["action"] == "none"
