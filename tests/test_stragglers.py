@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 import pytest
 
 from api_server import Server
-
 from logdx.act.render import render_text
 from logdx.act.report import Report
 from logdx.pipeline import Session
