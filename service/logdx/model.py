@@ -259,6 +259,7 @@ class SourceProgress:
     steps_per_s: float | None
     step_delta: float | None = None  # the smallest step between two of its progress lines (its logging interval)
     advanced_at: tuple[tuple[float, float], ...] = ()  # (time, step) of its counter's latest rises, by time
+    course: tuple[tuple[float, float], ...] = ()  # (time, step) over its whole run by its own clock, decimated
 
 
 @dataclass(slots=True)
@@ -497,6 +498,23 @@ class Degradation:
     effect: str
 
 
+@dataclass(frozen=True, slots=True)
+class Straggler:
+    """A host whose ranks step slower than the others', or whose step time jumped up and stayed there
+    (diagnose/stragglers.py): advice, never an action, never a cordon on this alone."""
+
+    host: str
+    ranks: tuple[int, ...]
+    kind: str  # "lagging" (slower than the other hosts all along) | "slowed" (its step time jumped up)
+    steps_per_s: float  # its pace (since the jump, for "slowed")
+    others_steps_per_s: float  # the other hosts' median pace (its own before the jump, for "slowed")
+    since_ts: float | None
+    since_step: float | None
+    since_line: int | None
+    evidence: tuple[tuple[int, str], ...]  # (line number, line) of its kernel/NIC lines in that window
+    effect: str
+
+
 @dataclass(slots=True)
 class LostWork:
     """What one failure cost (diagnose/cost.py): the work since the last checkpoint saved before it, and,
@@ -550,5 +568,6 @@ class Diagnosis:
     stage_ms: dict[str, float] = field(default_factory=dict)  # time spent in each diagnosis stage
     timeout: TimeoutVerdict | None = None  # why the job's collectives timed out, when they did
     degradations: list[Degradation] = field(default_factory=list)  # what its start-up says will make it slow
+    stragglers: list[Straggler] = field(default_factory=list)  # hosts that step slower than the others
     hypotheses: list[Hypothesis] = field(default_factory=list)  # when unsure: what else it may be, how to tell
     cost: Cost | None = None  # what the failure cost (failed diagnoses only)

@@ -62,6 +62,7 @@ _EXACT_LINES = 32
 _SAMPLE = 8
 _MAX_LOOPS = 16  # loops (progress templates) followed per source
 _TIMED_ADVANCES = 64  # (time, step) of a source's latest counter rises kept
+_COURSE_POINTS = 32  # (time, step) over a source's whole run, decimated (2x this at most): its pace's changes
 _MAX_PER_FEED = 64  # sources of one stream an event's mark remembers
 _MAX_RESTARTS = 64  # falls of the step counter kept (an epoch bar falls every epoch)
 
@@ -351,6 +352,8 @@ class _Source:
     # (time, step) of its counter's latest rises (the fast path reads one line in `_SAMPLE`): did it go on
     # after a given moment, by the clocks? (life.went_on_after)
     advanced_at: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=_TIMED_ADVANCES))
+    # and over its whole run, by its own clock (a slow node's step time jumping up: diagnose/stragglers.py)
+    course: _Series = field(default_factory=lambda: _Series(cap=_COURSE_POINTS))
     falls: int = 0  # how often its main loop's counter fell back: its n-th fall is the job's n-th restart
 
     @property
@@ -367,13 +370,14 @@ class _Series:
     points: list[tuple[float, float]] = field(default_factory=list)
     stride: int = 1
     seen: int = 0
+    cap: int = _MAX_POINTS
 
     def add(self, x: float, y: float) -> None:
         self.seen += 1
         if (self.seen - 1) % self.stride:
             return
         self.points.append((x, y))
-        if len(self.points) >= 2 * _MAX_POINTS:
+        if len(self.points) >= 2 * self.cap:
             self.points = self.points[::2]
             self.stride *= 2
 
@@ -613,6 +617,7 @@ class Timeline:
             if src.rate_anchor is None:
                 src.rate_anchor = (ts, value)
             src.rate_last = (ts, value)
+            src.course.add(ts, value)
         if self.max_step is None or value > self.max_step:
             self.rises += self.max_step is not None
             self.max_step = value
@@ -935,7 +940,7 @@ class Timeline:
                 key=key, rank=s.rank, host=s.host, first_line=s.first_line, last_line=s.last_line,
                 first_step=s.first_step, last_step=s.step, first_ts=s.first_ts, last_ts=s.last_ts,
                 lines=s.lines, advances=s.advances, steps_per_s=s.steps_per_s, step_delta=s.step_delta,
-                advanced_at=tuple(sorted(s.advanced_at)),
+                advanced_at=tuple(sorted(s.advanced_at)), course=tuple(s.course.points),
             )
             for key, s in self._sources.items()
         ]

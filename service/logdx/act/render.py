@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from logdx.act.report import Report
 from logdx.diagnose.culprit import UNVERIFIED
 from logdx.model import FT, Action, Category
@@ -130,6 +132,7 @@ def render_text(report: Report, color: bool = False) -> str:
     for g in report.degradations:
         lines.append(paint("slow: ", "yellow") + f"{g.host or 'line'} {'(line ' if g.host else ''}{g.line_no}"
                      f"{')' if g.host else ''}: {g.effect}")
+    lines += _stragglers_text(report, paint)
     for note in report.notes:
         lines.append(paint(f"note: {note}", "dim"))
     c = report.compression
@@ -197,3 +200,25 @@ def _culprit_text(report: Report) -> str:
 
 def _clip(text: str) -> str:
     return text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 1] + "…"
+
+
+def _stragglers_text(report: Report, paint: Callable[..., str]) -> list[str]:
+    """A `slow:` line per straggler host, with its ranks and since when, then its first kernel lines."""
+    lines = []
+    for s in report.stragglers:
+        since = f" since step {s.since_step:.0f}" if s.since_step is not None else ""
+        ranks = f" (ranks {_ranks(s.ranks)})" if s.ranks else ""
+        lines.append(paint("slow: ", "yellow") + f"{s.host}{ranks}{since}: {s.effect}")
+        lines += [f"  {paint(f'{e.line_no}:', 'cyan')} {_clip(e.text)}" for e in s.evidence[:3]]
+    return lines
+
+
+def _ranks(ranks: list[int]) -> str:
+    """"0-7, 12" for a host's ranks (a host of 8 GPUs is one range)."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)

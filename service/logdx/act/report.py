@@ -10,7 +10,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from logdx.model import Action, Category, CompressionSummary, Cost, Diagnosis, Divergence, LostWork, ProgressSummary
+from logdx.model import (
+    Action,
+    Category,
+    CompressionSummary,
+    Cost,
+    Diagnosis,
+    Divergence,
+    LostWork,
+    ProgressSummary,
+    Straggler,
+)
 
 _MAX_SOURCES = 1024
 _MAX_RECOVERED = 50
@@ -120,6 +130,24 @@ class DegradationBlock(BaseModel):
     effect: str
 
 
+class StragglerBlock(BaseModel):
+    """A host whose ranks step slower than the others', or whose step time jumped up and stayed there: advice,
+    never an action, never a cordon on this alone."""
+
+    host: str
+    ranks: list[int] = Field(description="its ranks the log shows")
+    kind: Literal["lagging", "slowed"] = Field(description="lagging: slower than the other hosts all along; slowed: "
+                                               "its step time jumped up mid-run and stayed there")
+    steps_per_s: float = Field(description="its pace (since the jump, for slowed)")
+    others_steps_per_s: float = Field(description="the other hosts' median pace (its own before the jump, for slowed)")
+    since_ts: float | None = Field(None, description="since when (epoch seconds): its first timed step, or the jump")
+    since_step: float | None = None
+    since_line: int | None = None
+    evidence: list[EvidenceItem] = Field(default_factory=list, description="its kernel/NIC lines in that window "
+                                         "(PCIe AER, thermal throttling, corrected ECC, link flaps)")
+    effect: str
+
+
 class TimeoutBlock(BaseModel):
     """Why the job's collectives timed out (diagnose/timeouts.py; the classes: taxonomy.yaml `timeout_classes`)."""
 
@@ -208,6 +236,9 @@ class Report(BaseModel):
     degradations: list[DegradationBlock] = Field(
         default_factory=list, description="what the job's start-up says will make it slow (a host on TCP sockets "
         "while the others use InfiniBand, GPU Direct RDMA off on one host): advice, healthy jobs included")
+    stragglers: list[StragglerBlock] = Field(
+        default_factory=list, description="hosts whose ranks step slower than the others' or whose step time jumped "
+        "up, with their kernel/NIC lines in that window: advice, never an action, healthy jobs included")
     hypotheses: list[HypothesisBlock] = Field(
         default_factory=list, description="when the report is unsure (confidence below 0.8): its own label and the "
         "one or two others the evidence still holds possible, each with the check that would confirm it")
@@ -242,11 +273,20 @@ def build_report(diagnosis: Diagnosis, summary: CompressionSummary, timings_ms: 
         timeout=_timeout_block(d) if not healthy else None,
         degradations=[DegradationBlock(kind=g.kind, host=g.host, line_no=g.line_no, text=_clip(g.text), effect=g.effect)
                       for g in d.degradations[:_MAX_DEGRADATIONS]],
+        stragglers=[_straggler_block(s) for s in d.stragglers[:_MAX_DEGRADATIONS]],
         hypotheses=[] if healthy else [
             HypothesisBlock(category=h.label.category, failure_type=h.label.failure_type, action=h.label.action,
                             p=h.p, check=h.check) for h in d.hypotheses],
         cost=_cost_block(d.cost) if not healthy and d.cost is not None else None,
     )
+
+
+def _straggler_block(s: Straggler) -> StragglerBlock:
+    return StragglerBlock(host=s.host, ranks=list(s.ranks[:64]), kind=s.kind,
+                          steps_per_s=round(s.steps_per_s, 4), others_steps_per_s=round(s.others_steps_per_s, 4),
+                          since_ts=s.since_ts, since_step=s.since_step, since_line=s.since_line,
+                          evidence=[EvidenceItem(line_no=n, text=_clip(t), source="kernel") for n, t in s.evidence],
+                          effect=s.effect)
 
 
 def _lost_fields(w: LostWork) -> dict[str, object]:

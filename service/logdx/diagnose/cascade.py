@@ -24,6 +24,7 @@ from logdx.diagnose.life import first_stopped
 from logdx.diagnose.rootcause import Finding, RulesOutcome, find_root_cause, likeliest_unexplained
 from logdx.diagnose.rules import RuleSet
 from logdx.diagnose.shortlist import shortlist
+from logdx.diagnose.stragglers import stragglers_of
 from logdx.diagnose.untrusted import guard_action, without_instructions
 from logdx.model import (
     FT,
@@ -84,6 +85,7 @@ class Diagnoser:
         diagnosis = self._diagnose(outcome, summary, templates, exit_code, stage_ms)
         diagnosis.recovered = [_recovered(f) for f in outcome.recovered if not _inside_divergence(f, summary)]
         diagnosis.degradations = degradations_of(summary)
+        diagnosis.stragglers = stragglers_of(summary, events)  # advice: the action stays what it was
         if diagnosis.status == "failed":
             diagnosis.stopped_first = first_stopped(summary)
             diagnosis.hypotheses = shortlist(diagnosis)
