@@ -86,3 +86,19 @@ def test_the_service_names_it_in_a_job_uploaded_per_node(server: Server) -> None
         report = c.post("/v1/jobs/slow-start/end", json={"exit_code": 0}).json()
     assert [(g["kind"], g["host"]) for g in report["degradations"]] == [("network_fallback", "gpu-a100-014")]
     assert report["status"] == "healthy"
+
+
+def test_the_job_page_names_the_degraded_host_as_advice(engine) -> None:
+    from logdx.web.render import Done, render_job_page
+    from logdx.web.view import build_view
+
+    session = engine.new_session()
+    session.feed_lines(startup(socket_on=("gpu-a100-013",)))
+    html = render_job_page(build_view("slow-start", session.report(), session), Done(served=False), inline=True)
+    part = html[html.index('<section id="degradations"'):]
+    part = part[:part.index("</section>")]
+    assert "gpu-a100-013" in part and "network_fallback" in part and "Using network Socket" in part
+    clean = engine.new_session()
+    clean.feed_lines(startup())
+    page = render_job_page(build_view("clean", clean.report(), clean), Done(served=False), inline=True)
+    assert '<section id="degradations"' not in page

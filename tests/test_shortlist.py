@@ -59,3 +59,30 @@ def test_every_check_the_taxonomy_holds_fills_its_places() -> None:
     for name, ft in taxonomy().types.items():
         leftover = ft.check.replace("{host}", "").replace("{rank}", "")
         assert "{" not in leftover, (name, ft.check)
+
+
+def _section(html: str, section_id: str) -> str:
+    part = html[html.index(f'<section id="{section_id}"'):]
+    return part[:part.index("</section>")]
+
+
+def test_the_job_page_shows_the_timeout_cause_and_the_shortlist(engine: Engine, tmp_path: Path) -> None:
+    from logdx.web.render import Done, render_job_page
+    from logdx.web.view import build_view
+
+    buf = io.StringIO()
+    generate(buf, scenario="nccl_hang", seed=3, ranks=16, lines=12000, style="torchrun")
+    session = engine.new_session()
+    session.feed_lines(buf.getvalue().splitlines())
+    report = session.report()
+    html = render_job_page(build_view("hang-1", report, session), Done(served=False), inline=True)
+    timeout = _section(html, "timeout")
+    assert "unknown" in timeout and "flight recorder" in timeout  # what would tell the causes apart
+    shortlist = _section(html, "hypotheses")
+    assert all(ft in shortlist for ft in ("hang", "network_error", "script_hang")) and "ibstat" in shortlist
+    healthy = io.StringIO()
+    generate(healthy, scenario="healthy", seed=3, ranks=16, lines=8000, style="torchrun")
+    quiet = engine.new_session()
+    quiet.feed_lines(healthy.getvalue().splitlines())
+    page = render_job_page(build_view("ok-1", quiet.report(exit_code=0), quiet), Done(served=False), inline=True)
+    assert '<section id="timeout"' not in page and '<section id="hypotheses"' not in page

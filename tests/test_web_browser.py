@@ -175,6 +175,13 @@ def test_the_job_page_in_a_browser(browser: Browser, app: LoopbackApp, job: tupl
     stored = [i for i in app.services.incidents.list(source="feedback") if i.report_id == report_id]
     assert [(i.failure_type, i.note) for i in stored] == [("ecc_error", "reseated, it was ECC")]
 
+    page.check("input[name=verdict][value=false_alarm]")  # on second thought: the job did not fail at all
+    page.fill("input[name=note]", "the checker's own probe")
+    page.click("#feedback-form button[type=submit]")
+    page.locator("#feedback-result", has_text="false alarm").wait_for()
+    assert "silenced" in page.locator("#feedback-result").inner_text()
+    assert not [i for i in app.services.incidents.list(source="feedback") if i.report_id == report_id]
+
     assert not w.outside, w.outside
     assert not w.errors, w.errors
     page.close()

@@ -163,9 +163,10 @@ def feedback(report_id: str, body: schemas.FeedbackRequest, services: ServicesDe
 @api.post("/reports/{report_id}/false-alarm", response_model=schemas.FalseAlarmOut, tags=["reports"],
           summary="The job of a failed report did not fail: mark it, and charge no node with it (operator)",
           description="The report's feedback says `false alarm`; the nodes it blamed no longer count it (their "
-                      "history, what `actions.escalate` reads); an incident learned from an earlier correction of "
-                      "it is removed. Nothing is learned from it: a 'healthy' incident could silence the next real "
-                      "failure of the same shape.")
+                      "history and grades); an incident learned from an earlier correction of it is removed; its "
+                      "root line's template is silenced (a later report of the same line pages nobody and acts on "
+                      "nothing, for actions.false_alarm_silence_days). No 'healthy' incident is learned: the "
+                      "verdict of a later log is still its own.")
 def false_alarm(report_id: str, body: schemas.FalseAlarmRequest, services: ServicesDep,
                 principal: Annotated[Principal, Depends(permit(OPERATE, "give feedback on reports"))]) -> dict[str, Any]:
     from logdx.act.feedback import record_false_alarm
@@ -179,7 +180,8 @@ def false_alarm(report_id: str, body: schemas.FalseAlarmRequest, services: Servi
     except IncidentError as e:
         raise ApiError(400, "invalid_feedback", str(e)) from None
     return {"report_id": done.report_id, "was": done.was, "withdrawn_from": done.withdrawn_from,
-            "removed_incident": done.removed_incident}
+            "removed_incident": done.removed_incident, "silence": done.silence.id if done.silence else None,
+            "silence_expires_at": done.silence.expires_at if done.silence else None}
 
 
 # --- incidents -------------------------------------------------------------------------------------

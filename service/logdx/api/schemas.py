@@ -231,6 +231,9 @@ class FalseAlarmOut(BaseModel):
     was: str = Field(description="the report's category/failure type")
     withdrawn_from: list[str] = Field(description="the nodes whose history no longer counts the report's blame")
     removed_incident: str | None = Field(description="the incident an earlier correction of the report had taught")
+    silence: str | None = Field(None, description="the silence now holding the root line's template: a later report "
+                                "of the same line pages nobody and acts on nothing (actions.false_alarm_silence_days)")
+    silence_expires_at: float | None = Field(None, description="when that silence ends (epoch seconds)")
     untrusted_fields: list[str] = Field(default_factory=list, description="none: nothing here is copied from a log")
 
 

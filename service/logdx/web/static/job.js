@@ -102,19 +102,24 @@
     var out = document.getElementById("feedback-result");
     var verdict = form.querySelector("input[name=verdict]:checked").value;
     var body = { note: form.elements.note.value || null };
-    if (verdict === "correct") {
+    var path = "/feedback";
+    if (verdict === "false_alarm") {
+      path = "/false-alarm";
+    } else if (verdict === "correct") {
       var pick = form.elements.failure_type.value.split("/");
       body.category = pick[0]; body.failure_type = pick[1];
     } else {
       body.category = form.dataset.category; body.failure_type = form.dataset.failureType;
     }
-    fetch("/v1/reports/" + encodeURIComponent(form.dataset.report) + "/feedback", {
+    fetch("/v1/reports/" + encodeURIComponent(form.dataset.report) + path, {
       method: "POST", credentials: "same-origin",
       headers: { "Content-Type": "application/json", "X-Logdx-Page": "1" }, body: JSON.stringify(body),
     }).then(function (r) {
       return r.json().then(function (j) {
-        out.textContent = r.ok ? "Thank you: incident " + j.id + " (" + j.category + " / " + j.failure_type + ")"
-                               : "Refused: " + ((j.error && j.error.message) || r.status);
+        var thanks = verdict === "false_alarm"
+          ? "Recorded as a false alarm" + (j.silence ? ": this root line is silenced (" + j.silence + ")" : "")
+          : "Thank you: incident " + j.id + " (" + j.category + " / " + j.failure_type + ")";
+        out.textContent = r.ok ? thanks : "Refused: " + ((j.error && j.error.message) || r.status);
         out.className = r.ok ? "ok" : "error";
       });
     }).catch(function (err) { out.textContent = "Not sent: " + err; out.className = "error"; });
