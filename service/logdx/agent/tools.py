@@ -427,11 +427,7 @@ class Toolbox:
         from logdx.incidents import IncidentError
 
         caller = caller or self.local_caller()
-        self._need_actions(caller)
-        store = self.store()
-        whose = store.report_tenant(report_id)
-        if whose is None or (caller.tenant and whose != caller.tenant):
-            raise ToolFailure(f"no stored report {report_id!r}")
+        store = self._report_store(report_id, caller)
         try:
             inc = store.feedback(report_id, category, failure_type, action, note, by_tenant=caller.tenant)
         except IncidentError as e:
@@ -444,17 +440,23 @@ class Toolbox:
         from logdx.incidents import IncidentError
 
         caller = caller or self.local_caller()
-        self._need_actions(caller)
-        store = self.store()
-        whose = store.report_tenant(report_id)
-        if whose is None or (caller.tenant and whose != caller.tenant):
-            raise ToolFailure(f"no stored report {report_id!r}")
+        store = self._report_store(report_id, caller)
         try:
             done = record_false_alarm(store, self.settings.actions, report_id, note, by_tenant=caller.tenant)
         except IncidentError as e:
             raise ToolFailure(str(e)) from None
         return FalseAlarmOut(report_id=done.report_id, was=done.was, withdrawn_from=done.withdrawn_from,
-                             removed_incident=done.removed_incident)
+                             removed_incident=done.removed_incident, silence=done.silence.id if done.silence else None,
+                             silence_expires_at=done.silence.expires_at if done.silence else None)
+
+    def _report_store(self, report_id: str, caller: Caller) -> IncidentStore:
+        """The store, for feedback on a report the caller may act on (its tenant's, or any for a cluster-wide one)."""
+        self._need_actions(caller)
+        store = self.store()
+        whose = store.report_tenant(report_id)
+        if whose is None or (caller.tenant and whose != caller.tenant):
+            raise ToolFailure(f"no stored report {report_id!r}")
+        return store
 
     def act(self, report_id: str, job_id: str, caller: Caller | None = None) -> ActionsDone:
         """Cordon / restart as the policy allows for a stored report, and alert: `logdx.act`, as the service does."""
