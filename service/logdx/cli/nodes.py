@@ -25,6 +25,7 @@ from logdx.faces import EXIT_OK, UsageError, add_config_arg, settings_from
 
 if TYPE_CHECKING:
     from logdx.act.actions import ActionRecord
+    from logdx.act.costs import CostBook
     from logdx.act.respond import Responder
 
 __all__ = ["add_node_parsers"]
@@ -102,7 +103,7 @@ def _list(args: argparse.Namespace) -> int:
         return _by_lost_hours(args)
     with _responder(args) as r:
         nodes = r.actions.nodes.list(blamed_only=args.blamed, limit=args.limit)
-    lost = _lost_hours_by_node(args)
+        lost = _lost_hours_by_node(r.costs)
     if args.json:
         print(json.dumps([{**n.to_dict(), "lost_gpu_hours": lost.get(n.node)} for n in nodes], indent=2))
         return EXIT_OK
@@ -128,13 +129,11 @@ def _list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _lost_hours_by_node(args: argparse.Namespace) -> dict[str, float]:
+def _lost_hours_by_node(book: CostBook) -> dict[str, float]:
     """The GPU-hours the failures blamed on each node lost (job_costs), for the grade's reason."""
     from logdx.act.costs import NO_HOST
-    from logdx.cli.costs import cost_book
 
-    with cost_book(args) as book:
-        return {r.key: r.lost_gpu_hours for r in book.rollup("node", None, limit=100_000) if r.key != NO_HOST}
+    return {r.key: r.lost_gpu_hours for r in book.rollup("node", None, limit=100_000) if r.key != NO_HOST}
 
 
 def _by_lost_hours(args: argparse.Namespace) -> int:
