@@ -304,8 +304,8 @@ def test_capsules_older_than_their_retention_go(tmp_path):
 
 def test_each_stream_file_is_named_so_the_folder_reader_gives_it_its_rank_or_host(tmp_path, engine):
     from logdx.act.capsule import Evidence
-    from logdx.cli.inputs import collect
     from logdx.config import InputSettings
+    from logdx.jobinput import collect
     from logdx.normalize import Source
 
     session = engine.new_session()

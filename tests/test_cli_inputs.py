@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from logdx.cli.inputs import LineMap, LogFile, collect, merged_lines, name_of
 from logdx.config import ConfigError, InputSettings, load_settings
-from logdx.faces import UsageError
-from logdx.normalize import Source
+from logdx.jobinput import LineMap, LogFile, collect, merged_lines, name_of
+from logdx.normalize import InputError, Source
 
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."
 RULES_ONLY = ("--no-llm", "--no-retrieval")
@@ -112,13 +111,13 @@ def test_collect_refuses_stdin_among_files_too_many_files_and_empty_folders(tmp_
     for i in range(4):
         (tmp_path / f"node-{i}.log").write_text("x\n")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(UsageError):
+    with pytest.raises(InputError):
         collect(["-", str(tmp_path / "node-0.log")], InputSettings())
-    with pytest.raises(UsageError, match="input.max_files"):
+    with pytest.raises(InputError, match="input.max_files"):
         collect([str(tmp_path)], InputSettings(max_files=3))
-    with pytest.raises(UsageError, match="no log files"):
+    with pytest.raises(InputError, match="no log files"):
         collect([str(tmp_path / "empty")], InputSettings())
-    with pytest.raises(UsageError, match="no such file"):
+    with pytest.raises(InputError, match="no such file"):
         collect([str(tmp_path / "node-9.log")], InputSettings())
     # The same file named twice (or inside a folder also named) is read once.
     assert len(collect([str(tmp_path / "node-0.log"), str(tmp_path)], InputSettings())) == 4
@@ -152,8 +151,8 @@ def test_line_map_finds_the_file_and_line_of_a_merged_line() -> None:
 def test_a_shippers_records_file_merges_by_its_records_times(tmp_path) -> None:
     """A node's kernel log saved by a shipper as NDJSON beside another node's text log: each record
     keeps its own time and fields, the file's name gives its host."""
-    from logdx.cli.diagnose import diagnose_files
     from logdx.faces import build_engine
+    from logdx.jobinput import diagnose_files
 
     (tmp_path / "node-01.log").write_text("[2024-05-01 12:00:01,000] [INFO] iteration 1/100 | lm loss: 2.0\n"
                                           "[2024-05-01 12:00:05,000] [INFO] iteration 2/100 | lm loss: 2.0\n")

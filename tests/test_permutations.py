@@ -17,9 +17,8 @@ import httpx
 import pytest
 
 from api_server import LoopbackApp
-from logdx.cli.diagnose import diagnose_files
-from logdx.cli.inputs import collect
 from logdx.config import Settings
+from logdx.jobinput import collect, diagnose_files
 from logdx.pipeline import Engine
 from logdx.synth.folders import FolderTruth, write_job_folder
 

@@ -195,8 +195,7 @@ def test_session_cookies_name_a_session_that_expires_and_ends_everywhere_at_sign
 def test_a_job_read_from_per_host_files_has_a_progress_bar_on_every_host(engine: Engine, tmp_path) -> None:
     """Issue 33: a folder of per-host files (`diagnose DIR --html`) names hosts, not ranks: each host's own
     progress is its lane's row, with its bar and where it stopped."""
-    from logdx.cli.diagnose import diagnose_files
-    from logdx.cli.inputs import collect
+    from logdx.jobinput import collect, diagnose_files
     from per_host_logs import CULPRIT, HOSTS, write_host_files
 
     write_host_files(tmp_path / "job")

@@ -63,8 +63,7 @@ def cases(n: int, seed: int, only: str | None) -> list[dict[str, Any]]:
 
 
 def cli_reports(engine: Any, folder: Path, ft: Any, orders: int, rng: random.Random) -> list[dict]:
-    from logdx.cli.diagnose import diagnose_files
-    from logdx.cli.inputs import collect
+    from logdx.jobinput import collect, diagnose_files
 
     settings = engine.settings.input
     reports = [diagnose_files(engine, collect([str(folder)], settings), "auto").report.model_dump(mode="json")]

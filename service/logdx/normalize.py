@@ -268,6 +268,14 @@ class Normalizer:
         self._year, self._month = year, month
         self._year_known = True
 
+    def absorb(self, other: Normalizer) -> None:
+        """What another normaliser read counts as read here: the bytes and what srun's labels were (a job's files,
+        each read by its own normaliser, fed to one session; its records' lines and truncations are counted as
+        they are fed)."""
+        self.bytes_in += other.bytes_in
+        self.srun_labels_ranks = self.srun_labels_ranks or other.srun_labels_ranks
+        self._srun_labels_nodes = self._srun_labels_nodes or other._srun_labels_nodes
+
     def normalize(self, raw: bytes | str, source: Source | None = None) -> Record:
         self.line_no += 1
         self.bytes_in += len(raw) + 1

@@ -442,6 +442,61 @@ class Session:
                 self._detect(kept)
         return n
 
+    def feed_records(self, records: Iterable[tuple[int, Record, Source | None]],
+                     on_line: Callable[[int, int, int], None] | None = None) -> int:
+        """Records a reader already normalised, each with its stream's index and the source it was normalised with
+        (a job's files merged in time order: the merge read each line to place it, `logdx.jobinput`); returns how
+        many were fed. They are numbered here, in the order they come (`on_line(line_no, stream index, its line
+        number in its stream)` for each); what their normalisers read (bytes, srun's labels) joins the session's
+        reading with `absorb`. (`feed` inline, without normalising.)"""
+        normalizer, add, detect = self.normalizer, self.compressor.add, self._detect
+        record = self.recorder.add if self.recorder is not None else None
+        mask = _TIMING_SAMPLE_MASK
+        n = 0
+        before = time.perf_counter()  # when the line before a timed one was done: the reader made the record since
+        for index, rec, source in records:
+            n += 1
+            self._fed += 1
+            timed = self._fed & mask == 0
+            if timed:
+                t0 = time.perf_counter()
+                self._normalize_s += (t0 - before) * (mask + 1)
+            normalizer.line_no += 1
+            if on_line is not None:
+                on_line(normalizer.line_no, index, rec.line_no)
+            rec.line_no = normalizer.line_no
+            if rec.truncated:
+                normalizer.truncated += 1
+            if source is not self._stream_source:
+                self._switch_stream(source)
+            rec.feed = self._stream_index
+            if rec.ts is None:
+                if not rec.unanchored:
+                    rec.at = self._stream_ts
+            else:
+                rec.at = self._stream_ts = rec.ts
+                if self._awaiting:
+                    self._bound(rec)
+            if self._scope is not None and rec.host is not None:
+                self._vouch(rec.host)
+            if record is not None:
+                record(rec)
+            kept = add(rec)
+            if kept:
+                detect(kept)
+            if timed:
+                # One line in 64 is timed, and stands for the 64: its reading (the reader's read, normalise and
+                # merge) and its compressing.
+                self._compress_s += (time.perf_counter() - t0) * (mask + 1)
+            elif (self._fed + 1) & mask == 0:
+                before = time.perf_counter()
+        return n
+
+    def absorb(self, normalizers: Iterable[Normalizer]) -> None:
+        """What the normalisers of `feed_records`' records read counts as this session's reading."""
+        for n in normalizers:
+            self.normalizer.absorb(n)
+
     def feed_runs(self, runs: Iterable[tuple[Source, Sequence[bytes | str]]]) -> int:
         """Runs of lines, each run sharing a source (what the service's parsers produce)."""
         return sum(self.feed_lines(lines, source) for source, lines in runs)

@@ -37,9 +37,9 @@ from logdx.api.nodes import ActionOut, NodeOut
 from logdx.api.schemas import INCIDENT_UNTRUSTED, FalseAlarmOut, IncidentOut, JobItem, TemplateItem, untrusted
 
 if TYPE_CHECKING:
-    from logdx.cli.diagnose import Diagnosed
     from logdx.config import Settings
     from logdx.incidents import IncidentStore
+    from logdx.jobinput.read import Diagnosed
     from logdx.pipeline import Engine
 
 _RECENT = 32  # diagnoses of this process kept in memory (their templates and context)
@@ -230,20 +230,16 @@ class Toolbox:
         return _out(self._diagnose_paths([self._readable(p) for p in paths or []], fmt, exit_code), full)
 
     def _diagnose_paths(self, paths: list[str], fmt: str, exit_code: int | None) -> Report:
-        from logdx.cli.diagnose import diagnose_file, diagnose_files, keep
-        from logdx.cli.inputs import collect
-        from logdx.faces import UsageError
         from logdx.formats import FormatError
+        from logdx.jobinput.keep import keep
+        from logdx.jobinput.read import diagnose_paths
         from logdx.normalize import InputError
 
         engine = self.engine()
         try:
             with self._diagnose_lock:
-                if len(paths) > 1 or Path(paths[0]).is_dir():
-                    diagnosed = diagnose_files(engine, collect(paths, self.settings.input), fmt, exit_code)
-                else:
-                    diagnosed = diagnose_file(engine, paths[0], fmt, exit_code)
-        except (UsageError, InputError, FormatError) as e:
+                diagnosed = diagnose_paths(engine, paths, fmt, exit_code)
+        except (InputError, FormatError) as e:
             raise ToolFailure(str(e)) from None
         if diagnosed.report.status == "empty":
             raise ToolFailure(f"{', '.join(paths)}: no log lines to diagnose (empty input)")

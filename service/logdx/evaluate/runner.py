@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from logdx.act.report import Report
 from logdx.evaluate.corpus import CaseResult, same_incidents
-from logdx.normalize import iter_lines
+from logdx.jobinput.read import OneInput
 from logdx.pipeline import Engine
 
 
@@ -88,7 +88,8 @@ def diagnose_log(engine: Engine, data: bytes, cascades: list[Cascade], exit_code
                  exclude: tuple[str, ...] = ()) -> tuple[dict[str, Report], dict[str, Report]]:
     """Read ``data`` once, then one report per cascade (and one per cascade given ``exit_code``)."""
     session = engine.new_session()
-    session.feed_lines(iter_lines(io.BytesIO(data), engine.settings.input.max_line_bytes))
+    # Read as `diagnose` reads a text log (`logdx.jobinput`), with no year but its own lines' (the bytes have no file).
+    OneInput(io.BytesIO(data), "log", "text", engine.settings.input).feed(session)
     d = engine.diagnoser
     saved = (d.retrieval, d.llm, d.exclude_incidents)
     reports: dict[str, Report] = {}
