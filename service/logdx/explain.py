@@ -43,11 +43,12 @@ class Explanation:
 
 
 def explain_lines(engine: Engine, raw_lines: Iterable[bytes | str], expected: Sequence[str] = (),
-                  catalog: bool = False, every_line_up_to: int | None = None) -> Explanation:
+                  catalog: bool = False, every_line_up_to: int | None = None,
+                  exit_code: int | None = None) -> Explanation:
     """Feed the lines through a fresh session of `engine`, then say per line what became of it.
     `expected`: rule ids to explain where they do not hit; `catalog`: look each event's anchor up in
     the error catalog too; `every_line_up_to`: past that many lines, only the lines events hold are
-    kept (memory stays bounded on a whole job's log)."""
+    kept (memory stays bounded on a whole job's log); `exit_code`: the job's, as `diagnose --exit-code`."""
     session = engine.new_session()
     kept: list[Record] = []
     every_line = True
@@ -57,7 +58,7 @@ def explain_lines(engine: Engine, raw_lines: Iterable[bytes | str], expected: Se
             kept.append(rec)
             if every_line_up_to is not None and len(kept) > every_line_up_to:
                 every_line, kept = False, []
-    report = session.report()
+    report = session.report(exit_code)
     if not every_line:
         held = {r.line_no: r for ev in session.events for r in (*ev.lines, ev.anchor)}
         kept = [held[n] for n in sorted(held)]
@@ -181,13 +182,20 @@ def _v(value: object) -> str:
 # --- the packs' raw-input tests -------------------------------------------------------------------
 
 
-def run_pack_tests(settings: Settings, rules: RuleSet) -> list[str]:
-    """Every pack test through the real pipeline: one problem a line ("file:line: test 'name': what")."""
+def run_pack_tests(settings: Settings, rules: RuleSet,
+                   hits: list[tuple[str, Sequence[RuleHit]]] | None = None) -> list[str]:
+    """Every pack test through the real pipeline: one problem a line ("file:line: test 'name': what").
+    `hits`, when given, gets every event of the tests with all its rule hits, best first (for
+    `precedence_problems`: two rules that hit one of these events must say which refines the other)."""
     engine = Engine.for_rules(settings, rules)
     problems: list[str] = []
     for test in rules.tests:
-        ex = explain_lines(engine, test.lines)
+        ex = explain_lines(engine, test.lines, exit_code=test.exit_code)
         problems.extend(f"{test.where()}: {p}" for p in _test_problems(test, ex, rules))
+        if hits is not None:
+            events = {id(ev): ev for ln in ex.lines for ev in ln.events}
+            hits.extend((f"test '{test.name}' ({test.where().split(': ')[0]}), line "
+                         f"{ev.anchor.line_no}", rules.match(ev)) for ev in events.values())
     return problems
 
 
@@ -248,4 +256,20 @@ def _verdict_problems(test: PackTest, report: Report) -> list[str]:
         out.append(f"verdict culprit hosts {report.culprits.hosts}, expected {list(test.hosts)}")
     if test.ranks is not None and tuple(report.culprits.ranks) != test.ranks:
         out.append(f"verdict culprit ranks {report.culprits.ranks}, expected {list(test.ranks)}")
+    out.extend(_culprit_problems(test, report))
+    if test.hint is not None and test.hint not in report.hint:
+        out.append(f"verdict hint {report.hint!r} does not contain {test.hint!r}")
     return out
+
+
+def _culprit_problems(test: PackTest, report: Report) -> list[str]:
+    """`culprit:` the verdict names that one host / rank / GPU (each field stated), or none at all."""
+    c = report.culprits
+    named = {"host": c.hosts, "rank": c.ranks, "gpu": c.gpus}
+    if test.culprit is None:
+        return []
+    if test.culprit == ():
+        return [] if not any(named.values()) else [f"verdict culprit hosts {c.hosts} ranks {c.ranks} gpus {c.gpus}, "
+                                                   f"expected none"]
+    return [f"verdict culprit {key}s {named[key]}, expected [{want!r}]"
+            for key, want in test.culprit if named[key] != [want]]
