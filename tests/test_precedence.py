@@ -69,7 +69,7 @@ def test_a_new_rule_overlapping_a_shipped_one_fails_rules_test_until_it_declares
 def test_a_rule_refines_through_chains_but_precedence_is_declared_per_pair(tmp_path: Path) -> None:
     # A third rule refines the site's rule: it comes first, whatever its (lowest) severity says.
     folder = _site(tmp_path)
-    (folder / "site2.yaml").write_text("""\
+    (folder / "site2.yaml").write_text(f"""\
 pack: site2
 rules:
   - id: pcie-aer-uncorrected
@@ -80,9 +80,9 @@ rules:
     severity: low
     confidence: 0.5
     refines: [pcie-riser-fault]
-    match: {patterns: ['AER: Uncorrected']}
-    examples: ['%s']
-""" % AER, encoding="utf-8")
+    match: {{patterns: ['AER: Uncorrected']}}
+    examples: ['{AER}']
+""", encoding="utf-8")
     rules = load_rules([default_rules_dir(), folder])
     ids = [h.rule_id for h in rules.match(example_event(AER, rules.by_id["pcie-fatal-error"]))]
     assert ids.index("pcie-aer-uncorrected") < ids.index("pcie-riser-fault")

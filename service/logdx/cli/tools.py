@@ -138,13 +138,14 @@ def cmd_rules_test(args: argparse.Namespace) -> int:
     except RuleError as e:
         raise UsageError(str(e)) from None
     from logdx.config import Settings
-    from logdx.explain import run_pack_tests
+    from logdx.explain import run_pack_tests, run_timeline_tests
 
     problems = check_examples(ruleset)
     test_hits: list[tuple[str, Sequence[RuleHit]]] = []
     problems += run_pack_tests(Settings(), ruleset, test_hits)
     # two root causes of different types on one example, neither refining the other: which wins is a choice
     problems += precedence_problems(ruleset, test_hits)
+    problems += run_timeline_tests(Settings(), ruleset)  # timeline.yaml's own raw-input tests
     for p in problems:
         print(p)
     verdict = "ok" if not problems else f"{len(problems)} problem(s)"
