@@ -223,7 +223,7 @@ def _year_of_input(path: str, fmt: str, max_line: int) -> tuple[int, int]:
 
     if path != "-":
         log = LogFile(Path(path), path)
-        found = year_of([log], [read_head(log, max_line) if fmt == "text" else None])
+        found = year_of([log], [read_head(log, max_line) if fmt == formats.TEXT.name else None])
         if found is not None:
             return found
     now = time.gmtime()
@@ -329,7 +329,7 @@ def _pairs(engine: Engine, handle: BinaryIO, f: LogFile, fmt: str,
     from logdx import formats
     from logdx.normalize import Source, iter_lines
 
-    if fmt == "text":
+    if fmt == formats.TEXT.name:
         source = f.source
         for line in iter_lines(handle, engine.settings.input.max_line_bytes):
             yield line, source
