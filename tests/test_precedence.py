@@ -47,6 +47,7 @@ def _site(tmp_path: Path, refines: str = "", expected: str = "gpu_hardware_error
     return folder
 
 
+@pytest.mark.slow
 def test_a_new_rule_overlapping_a_shipped_one_fails_rules_test_until_it_declares_precedence(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["rules", "test", "--rules", str(_site(tmp_path))]) == EXIT_FAILED

@@ -115,8 +115,14 @@ class Spelled:
 
 def spelled_names(root: Path, regs: list[Registry]) -> list[Spelled]:
     found = []
+    every = frozenset().union(*(r.names for r in regs))
+    # a constant equal to a name is written quoted: a module without one quoted needs no parse
+    quoted = re.compile("[\"']({})[\"']".format("|".join(map(re.escape, sorted(every)))))
     for path in sorted(root.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        if not quoted.search(text):
+            continue
+        tree = ast.parse(text)
         skip = _docstrings(tree)
         for reg in regs:
             if path.resolve() in reg.declared_in:
