@@ -1,8 +1,9 @@
 """Shared fixtures, and the two lanes of the suite.
 
-`make test-fast` runs the unit tests: no model loading, no subprocesses, no servers. Everything
-else is marked `integration` (subprocesses, servers, the real models) or `slow` (long runs), here
-by module or in the module itself, and runs in `make test`.
+`make test-fast` runs the unit tests: no model loading, no subprocesses, no servers, nothing long
+(under 30 CPU-seconds in all). Everything else is marked `integration` (subprocesses, servers, the real
+models) or `slow` (long runs: a test over about 0.3 CPU-s, a module of whole-job scenarios), here by
+module or in the module itself, and runs in `make test`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ _INTEGRATION_MODULES = {
     "test_api.py", "test_api_durability.py", "test_api_limits.py", "test_cli.py", "test_learning_loop.py",
     "test_retrieval.py", "test_run.py", "test_scenarios.py",
 }
+# Modules of whole-job scenarios, each test a generated job or a pipeline run of its own (0.2-1 CPU-s a
+# test): `slow`, in `make test`. A long test elsewhere carries `@pytest.mark.slow` itself.
+_SLOW_MODULES = {
+    "test_rules_draft.py", "test_shortlist.py", "test_startup_caches.py", "test_stragglers.py", "test_timeouts.py",
+    "test_untrusted.py", "test_web_view.py",
+}
 # Fixtures that start a server or load a model: a test that uses one is an integration test.
 _INTEGRATION_FIXTURES = {"server", "chat", "converted", "scorer", "rx", "kube", "receiver", "pg_url"}
 
@@ -44,6 +51,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in _INTEGRATION_MODULES or _INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+        if item.path.name in _SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 
 def _load_receiver() -> ModuleType:

@@ -166,6 +166,7 @@ def test_decoder_gzip_members_deflate_sniff_and_bomb() -> None:
     assert e.value.code == "bad_encoding"
 
 
+@pytest.mark.slow
 def test_decoder_pieces_are_bounded_and_bombs_refused_early() -> None:
     """A 1 MB body of newlines inflates to ~1 GB: never more than a piece at a time, refused by its ratio."""
     bomb = gzip.compress(b"\n" * (1 << 30), 9)

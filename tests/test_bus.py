@@ -42,6 +42,7 @@ def test_a_request_is_published_in_pieces_of_bounded_size_with_every_line_once()
     assert flat == [(s.rank, line) for s, lines in runs for line in lines]
 
 
+@pytest.mark.slow
 def test_a_restored_session_goes_on_to_the_same_diagnosis(engine):
     from logdx.synth import generate
 

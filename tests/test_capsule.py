@@ -86,6 +86,7 @@ def _capsule_of(record: dict) -> Path:
 SLURM = "actions: {actuator: slurm, slurm: {scontrol: scontrol}, capsule: {collector: ['%s', '{host}']}}\n"
 
 
+@pytest.mark.integration
 def test_logdx_run_writes_the_capsule_before_the_drain_and_the_capsule_diagnoses_the_same(tmp_path, scontrol):
     bindir, calls = scontrol
     log = tmp_path / "job.log"
@@ -134,6 +135,7 @@ def test_logdx_run_writes_the_capsule_before_the_drain_and_the_capsule_diagnoses
         (report["category"], report["failure_type"], culprit, report["action"])
 
 
+@pytest.mark.integration
 def test_the_capsule_stays_under_its_size_cap_on_a_long_wide_job(tmp_path, scontrol):
     bindir, calls = scontrol
     log = tmp_path / "job.log"
@@ -161,6 +163,7 @@ def test_the_capsule_stays_under_its_size_cap_on_a_long_wide_job(tmp_path, scont
     assert (again["failure_type"], again["culprits"]["hosts"]) == ("gpu_fell_off_bus", [host])
 
 
+@pytest.mark.integration
 def test_a_cordon_whose_capsule_cannot_be_written_is_refused_unless_the_operator_allows_it(tmp_path, scontrol):
     bindir, calls = scontrol
     log = tmp_path / "job.log"
@@ -211,6 +214,7 @@ def test_the_kubernetes_cordon_annotates_the_node_with_the_capsule_and_uncordon_
         db.close()
 
 
+@pytest.mark.integration
 def test_the_collector_is_bounded_in_time_and_output(tmp_path):
     chatty = [PY, "-c", "import sys, time\nsys.stdout.write('x' * 100000)\nsys.stdout.flush()\ntime.sleep(30)"]
     out, note = run_bounded(chatty, timeout_s=1.0, max_bytes=1000)

@@ -94,6 +94,7 @@ def test_the_catalog_names_the_library_of_an_error_printed_without_its_traceback
     assert any(e.source.startswith("catalog:") for e in report.evidence)
 
 
+@pytest.mark.integration
 def test_a_failing_stage_is_a_note_and_the_report_still_comes(tmp_path: Path):
     # faiss missing from the environment: retrieval cannot run; the rules' report must still come.
     shadow = tmp_path / "shadow"

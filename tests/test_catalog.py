@@ -303,6 +303,7 @@ def test_offline_build_without_the_release_file_fails_clearly(tmp_path):
 
 # ---- the shipped catalog ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_shipped_catalog_is_versioned_and_bounded():
     meta = catalog_meta()
     assert meta["format"] == FORMAT_VERSION

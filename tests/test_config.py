@@ -15,11 +15,12 @@ import pytest
 from pydantic import Field, ValidationError
 
 from logdx.act.actions import Actions
-from logdx.act.actuators import ACTUATORS, NodeName
+from logdx.act.actuators import ACTUATORS, KubernetesActuator, NodeName, SlurmActuator
 from logdx.act.actuators.kubernetes import KubernetesSettings
 from logdx.act.alerts import DESTINATIONS, Alert
 from logdx.act.alerts.base import dest_key
 from logdx.act.alerts.outbox import Outbox
+from logdx.act.alerts.webhook import WebhookDestination
 from logdx.act.render import recommended_action
 from logdx.act.report import Report
 from logdx.cli.app import main
@@ -107,7 +108,7 @@ def test_a_registered_actuator_is_in_the_reference(with_nodefile) -> None:
     assert "| `actions.nodefile.path` | path | `/var/lib/logdx/cordoned` | cordoned nodes are appended here, one a line |" \
         in reference
     [choice_row] = [row for row in reference.splitlines() if row.startswith("| `actions.actuator` |")]
-    assert "`nodefile`" in choice_row and "`slurm`" in choice_row
+    assert all(f"`{name}`" in choice_row for name in ["nodefile", *ACTUATORS]), choice_row  # the registry's, and ours
 
 
 def test_an_actuator_section_without_defaults_is_refused_when_the_settings_are_built(monkeypatch) -> None:
@@ -126,7 +127,7 @@ def test_an_actuator_section_without_defaults_is_refused_when_the_settings_are_b
 def test_without_registration_there_is_no_such_actuator(tmp_path) -> None:
     cfg = tmp_path / "logdx.yaml"
     cfg.write_text("actions: {actuator: nodefile}\n")
-    with pytest.raises(ConfigError, match="is not an actuator: one of none, kubernetes, slurm"):
+    with pytest.raises(ConfigError, match=f"is not an actuator: one of none, {', '.join(ACTUATORS)} "):
         load_settings(cfg, env={})
 
 
@@ -175,10 +176,16 @@ def test_a_registered_destination_kind_gets_its_list_and_is_delivered_to(monkeyp
 # -- keys that moved --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("old, new", [
-    ("kube_taint", "kubernetes.taint"), ("kube_api", "kubernetes.api"), ("kube_token", "kubernetes.token"),
-    ("scontrol", "slurm.scontrol"),
-])
+# What each registered actuator's section says it took over from `actions` (its `moved_here`).
+_MOVED_INTO_ACTUATORS = [(old, f"{name}.{new}") for name, cls in ACTUATORS.items()
+                         for old, new in cls.Settings.moved_here.items()]
+
+
+def test_some_actuator_keys_moved() -> None:
+    assert _MOVED_INTO_ACTUATORS  # the shipped actuators took keys over from `actions`: the test below runs
+
+
+@pytest.mark.parametrize("old, new", _MOVED_INTO_ACTUATORS)
 def test_an_old_actuator_key_fails_naming_its_new_place(tmp_path, old: str, new: str) -> None:
     cfg = tmp_path / "logdx.yaml"
     cfg.write_text(f"actions:\n  actuator: none\n  {old}: x\n")
@@ -198,22 +205,26 @@ def test_an_old_actuator_key_fails_naming_its_new_place(tmp_path, old: str, new:
 
 
 def test_an_actuators_knob_comes_from_the_environment_over_the_file(tmp_path) -> None:
+    kube, slurm = KubernetesActuator.name, SlurmActuator.name  # the names their classes declare
     cfg = tmp_path / "logdx.yaml"
-    cfg.write_text("actions:\n  actuator: kubernetes\n  kubernetes: {api: 'https://kube.example:6443', token: file}\n")
-    env = {"LOGDX_ACTIONS__KUBERNETES__TOKEN": "t0ken", "LOGDX_ACTIONS__KUBERNETES__TAINT": "true"}
-    s = load_settings(cfg, env=env)
+    cfg.write_text(f"actions:\n  actuator: {kube}\n  {kube}: {{api: 'https://kube.example:6443', token: file}}\n")
+    var = f"LOGDX_ACTIONS__{kube.upper()}__"
+    s = load_settings(cfg, env={f"{var}TOKEN": "t0ken", f"{var}TAINT": "true"})
     assert s.actions.actuator_settings() == KubernetesSettings(api="https://kube.example:6443", token="t0ken", taint=True)
-    with pytest.raises(ConfigError, match=r"did you mean LOGDX_ACTIONS__KUBERNETES__TOKEN\?"):
-        load_settings(env={"LOGDX_ACTIONS__KUBERNETES__TOKN": "t0ken"})
-    assert load_settings(env={"LOGDX_ACTIONS__SLURM__SCONTROL": "/opt/slurm/bin/scontrol"}).actions.actuator_settings() is None
+    with pytest.raises(ConfigError, match=rf"did you mean {var}TOKEN\?"):
+        load_settings(env={f"{var}TOKN": "t0ken"})
+    unchosen = {f"LOGDX_ACTIONS__{slurm.upper()}__SCONTROL": "/opt/slurm/bin/scontrol"}
+    assert load_settings(env=unchosen).actions.actuator_settings() is None
 
 
 def test_a_destination_list_from_the_environment_is_built_by_its_kind() -> None:
-    s = load_settings(env={"LOGDX_ALERTS__WEBHOOKS": '[{"url": "https://hooks.example.com/x"}]'})
-    [webhook] = s.alerts.destination_settings(DESTINATIONS[1])
-    assert webhook.url == "https://hooks.example.com/x" and s.alerts.destination_settings(DESTINATIONS[0]) == []
-    with pytest.raises(ConfigError, match="alerts.webhooks.0.secret"):
-        load_settings(env={"LOGDX_ALERTS__WEBHOOKS": '[{"url": "https://hooks.example.com/x", "secret": "plain"}]'})
+    var = f"LOGDX_ALERTS__{WebhookDestination.config_key.upper()}"  # the list the class declares
+    s = load_settings(env={var: '[{"url": "https://hooks.example.com/x"}]'})
+    [webhook] = s.alerts.destination_settings(WebhookDestination)
+    assert webhook.url == "https://hooks.example.com/x"
+    assert all(s.alerts.destination_settings(d) == [] for d in DESTINATIONS if d is not WebhookDestination)
+    with pytest.raises(ConfigError, match=f"alerts.{WebhookDestination.config_key}.0.secret"):
+        load_settings(env={var: '[{"url": "https://hooks.example.com/x", "secret": "plain"}]'})
 
 
 # -- the reference ------------------------------------------------------------------------------------
@@ -234,6 +245,8 @@ def test_the_reference_names_every_setting_once() -> None:
     leaves = {row for row in rows if "[]" not in row}
     assert len(rows) == len(set(rows))
     dotted = {"LOGDX_" + name.replace(".", "__").upper() for name in leaves if "." in name}
-    sections = {"LOGDX_ACTIONS__KUBERNETES", "LOGDX_ACTIONS__SLURM", "LOGDX_ACTIONS__GRADES",
-                "LOGDX_ACTIONS__CAPSULE"}  # section rows
+    # section rows: the actuators' own (from the registry) and the other sub-sections of `actions`
+    sections = {f"LOGDX_ACTIONS__{name.upper()}" for name, f in ActionsSettings.model_fields.items()
+                if isinstance(f.annotation, type) and issubclass(f.annotation, Section)}
+    assert {f"LOGDX_ACTIONS__{name.upper()}" for name in ACTUATORS} <= sections
     assert dotted - sections == set(env_names()) - {"LOGDX_DATA_DIR"}

@@ -117,6 +117,7 @@ def test_the_launchers_world_size_counts_the_gpus_whose_lines_are_not_in_the_log
     assert _near(report.cost.lost_gpu_hours, t.lost_gpu_hours * 64 / truth.gpus)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["spike", "nan"])
 def test_a_diverged_run_loses_the_work_since_the_checkpoint_before_the_divergence(engine: Engine, kind: str) -> None:
     from logdx.synth.divergence import FLAVOURS_OF, divergence_job

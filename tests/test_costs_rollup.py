@@ -154,6 +154,7 @@ def store_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     yield cfg
 
 
+@pytest.mark.slow
 def test_cli_diagnose_stores_costs_and_the_commands_rank_them(
         store_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     jobs = _fleet()
@@ -201,6 +202,7 @@ def test_postgres_holds_the_same_rollup(pg_url: str, fleet: list[tuple[FleetJob,
 # -- the service: the counter, the job page, the table ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_service_counts_lost_gpu_hours_and_shows_them_on_the_job_page(tmp_path: Path, engine: Engine) -> None:
     import httpx
 
@@ -266,6 +268,7 @@ def test_the_next_attempt_of_a_lineage_says_how_long_the_job_stood_still(db: Dat
     assert not book.follow("pretrain-7b", session.summary().progress)  # attempt 1 follows nothing
 
 
+@pytest.mark.integration
 def test_logdx_run_completes_the_failed_attempts_cost_from_the_next_attempt(tmp_path: Path) -> None:
     import os
     import subprocess

@@ -151,6 +151,7 @@ def _folder(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_the_command_line_scores_excerpts_and_their_burials(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "figures.json"
     keep = tmp_path / "kept"
@@ -170,6 +171,7 @@ def test_the_command_line_scores_excerpts_and_their_burials(tmp_path: Path, caps
                                                                     "a2_b0.truth.json"]
 
 
+@pytest.mark.slow
 def test_the_command_line_runs_one_generated_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "figures.json"
     assert main(["--sets", "hangs", "--only", "silent-00-", "--quick", "--misses", "0", "--json", str(out)]) == 0

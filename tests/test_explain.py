@@ -131,6 +131,7 @@ def test_cli_explains_lines_given_as_arguments(capsys: pytest.CaptureFixture[str
     assert out.rstrip().splitlines()[-1].startswith("verdict: failed infrastructure/gpu_fell_off_bus/")
 
 
+@pytest.mark.slow
 def test_cli_says_why_a_near_rule_missed_only_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
     # Every Xid rule shares the word "Xid": by default, one line counts them; --verbose says why each missed.
     assert main(["rules", "explain", XID79]) == EXIT_OK
@@ -151,6 +152,7 @@ def test_cli_explains_a_raw_multi_rank_log(tmp_path: Path, capsys: pytest.Captur
     assert out.rstrip().splitlines()[-1].startswith("verdict: failed")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [
     ["rules", "explain"],
     ["rules", "explain", "--file", "/nonexistent/job.log"],
@@ -163,6 +165,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv: list[str], capsys: pytest.Ca
     assert len(err.strip().splitlines()) == 1 and "error:" in err
 
 
+@pytest.mark.slow
 def test_cli_unreadable_or_empty_files_are_one_line_and_exit_2(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     import gzip

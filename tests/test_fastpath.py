@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from logdx.compress import (
     _ERROR_WORDS,
     CompressConfig,
@@ -57,6 +59,7 @@ def test_prefix_shape_cache_gives_what_peeling_each_line_gives():
     assert len(cached._plans) < 100  # a few shapes, not one per line
 
 
+@pytest.mark.slow
 def test_prefix_shape_cache_is_bounded():
     n = Normalizer()
     for i in range(20000):
@@ -64,6 +67,7 @@ def test_prefix_shape_cache_is_bounded():
     assert len(n._plans) <= 8192
 
 
+@pytest.mark.slow
 def test_case_folding_fast_path_matches_ignorecase():
     texts = ["\u212aill -9", "ſigterm", "TİMEOUT", "tıMEOUT", "ERROR", "CAN'T open", "xId 79", "Rev FF", "no attribute 'x'",
              "no attributes", "fooerror", "STEP 3", "Iteration 5", "it/S", "ſtep", "Epoch: 1", "losses", "é no attribute é"]

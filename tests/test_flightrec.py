@@ -369,6 +369,7 @@ def test_a_hostile_dump_among_good_ones_is_skipped_and_named(tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.slow
 def test_mangled_dumps_never_crash_the_reader_or_the_analysis(tmp_path):
     """Any field of any entry, or the top-level keys, replaced by anything plain data can hold: the
     reader skips the file with a reason or reads it, and the analysis always answers."""

@@ -240,6 +240,7 @@ def test_auto_detection_keeps_text_text() -> None:
 # --- the compressor's bounds ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_lines_that_never_repeat_cost_bounded_cpu() -> None:
     """Random words (every line a new template) once made Drain quadratic: 2 MB cost 72 s of CPU."""
     from logdx.compress import Compressor

@@ -347,6 +347,7 @@ def test_slurm_avoid_that_cannot_read_the_weight_is_a_failure_and_marks_nothing(
 # -- the faces: logdx run credits a healthy attempt's nodes, logdx nodes shows the grades ---------------
 
 
+@pytest.mark.integration
 def test_logdx_run_credits_a_healthy_attempts_nodes_and_logdx_nodes_shows_grade_and_reason(tmp_path, scontrol):
     import subprocess
     import time

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "service" / "logdx"
@@ -53,6 +54,7 @@ def _imports(tree: ast.AST, modules: set[str], current: str) -> set[str]:
     return found
 
 
+@functools.cache  # the package does not change during a run: parsed once for every test here
 def import_graph() -> dict[str, set[str]]:
     files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     modules = set(files)

@@ -91,6 +91,7 @@ def _reply(explanation: str) -> str:
                        "confidence": 0.9, "root_line_no": 1, "explanation": explanation})
 
 
+@pytest.mark.slow
 def test_a_hosted_endpoint_receives_no_name_of_the_log_and_its_answer_reads_back():
     address = _own_address()
     if address is None:

@@ -131,6 +131,7 @@ SAMPLE_LINES = [
 ]
 
 
+@pytest.mark.slow
 def test_prefilter_agrees_with_the_full_alternation(rules: RuleSet) -> None:
     oracle = _full_alternation(rules.rules)
     samples = list(SAMPLE_LINES)

@@ -94,6 +94,7 @@ def test_every_scenario_is_deterministic() -> None:
 # -- ground truth ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style", sorted(STYLES))
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_root_line_is_the_line_at_root_line_no(tmp_path: Path, scenario: str, style: str) -> None:
@@ -109,6 +110,7 @@ def test_root_line_is_the_line_at_root_line_no(tmp_path: Path, scenario: str, st
         assert lines[truth.root_line_no - 1] == truth.root_line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_every_scenario_has_a_valid_truth(scenario: str) -> None:
     for seed, flavour in enumerate(FLAVOURS):
@@ -183,6 +185,7 @@ def test_startup_failures_write_a_short_log_whatever_lines_says() -> None:
         assert not any("NCCL INFO" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_streams_a_big_log_in_bounded_memory(tmp_path: Path) -> None:
     tracemalloc.start()
     try:
@@ -196,6 +199,7 @@ def test_streams_a_big_log_in_bounded_memory(tmp_path: Path) -> None:
     assert peak < 12 * 2**20, f"peak {peak / 2**20:.1f} MiB"
 
 
+@pytest.mark.slow
 def test_is_fast_enough_for_benchmarks() -> None:
     with cpu_seconds() as cpu:
         truth = generate(io.StringIO(), scenario="healthy", seed=1, ranks=64, lines=200_000)

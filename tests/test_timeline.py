@@ -163,6 +163,7 @@ def test_a_noisy_per_step_loss_is_not_a_divergence(engine: Engine) -> None:
     assert report.status == "healthy" and report.progress.divergence is None
 
 
+@pytest.mark.slow
 def test_memory_of_the_timeline_is_bounded(engine: Engine) -> None:
     session = engine.new_session()
     for i in range(1, 200_001):

@@ -311,6 +311,7 @@ def test_a_silent_rank_only_the_watchdogs_name_is_restarted() -> None:
     assert (truth.failure_type, truth.action) == ("hang", "restart")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["spike", "nan_iterations", "grad_norm"])
 def test_no_point_of_a_divergence_is_listed_as_recovered(engine, kind: str) -> None:
     # The loss's later spikes and NaNs are the divergence going on, not events the job came back from.

@@ -8,9 +8,13 @@ the line the normaliser takes for a host or a rank shows here, on the line.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from logdx.act.report import Report
 from logdx.config import Settings
@@ -20,7 +24,7 @@ from logdx.diagnose.rules.matcher import why_not
 from logdx.model import READ_AS_A_WHOLE, Event, EventKind, Record, Role
 from logdx.pipeline import Engine
 
-__all__ = ["Explanation", "LineReport", "explain_lines", "render_explanation", "run_pack_tests"]
+__all__ = ["Explanation", "LineReport", "explain_lines", "render_explanation", "run_pack_tests", "run_timeline_tests"]
 
 
 @dataclass(slots=True)
@@ -43,11 +47,12 @@ class Explanation:
 
 
 def explain_lines(engine: Engine, raw_lines: Iterable[bytes | str], expected: Sequence[str] = (),
-                  catalog: bool = False, every_line_up_to: int | None = None) -> Explanation:
+                  catalog: bool = False, every_line_up_to: int | None = None,
+                  exit_code: int | None = None) -> Explanation:
     """Feed the lines through a fresh session of `engine`, then say per line what became of it.
     `expected`: rule ids to explain where they do not hit; `catalog`: look each event's anchor up in
     the error catalog too; `every_line_up_to`: past that many lines, only the lines events hold are
-    kept (memory stays bounded on a whole job's log)."""
+    kept (memory stays bounded on a whole job's log); `exit_code`: the job's, as `diagnose --exit-code`."""
     session = engine.new_session()
     kept: list[Record] = []
     every_line = True
@@ -57,7 +62,7 @@ def explain_lines(engine: Engine, raw_lines: Iterable[bytes | str], expected: Se
             kept.append(rec)
             if every_line_up_to is not None and len(kept) > every_line_up_to:
                 every_line, kept = False, []
-    report = session.report()
+    report = session.report(exit_code)
     if not every_line:
         held = {r.line_no: r for ev in session.events for r in (*ev.lines, ev.anchor)}
         kept = [held[n] for n in sorted(held)]
@@ -181,13 +186,20 @@ def _v(value: object) -> str:
 # --- the packs' raw-input tests -------------------------------------------------------------------
 
 
-def run_pack_tests(settings: Settings, rules: RuleSet) -> list[str]:
-    """Every pack test through the real pipeline: one problem a line ("file:line: test 'name': what")."""
+def run_pack_tests(settings: Settings, rules: RuleSet,
+                   hits: list[tuple[str, Sequence[RuleHit]]] | None = None) -> list[str]:
+    """Every pack test through the real pipeline: one problem a line ("file:line: test 'name': what").
+    `hits`, when given, gets every event of the tests with all its rule hits, best first (for
+    `precedence_problems`: two rules that hit one of these events must say which refines the other)."""
     engine = Engine.for_rules(settings, rules)
     problems: list[str] = []
     for test in rules.tests:
-        ex = explain_lines(engine, test.lines)
+        ex = explain_lines(engine, test.lines, exit_code=test.exit_code)
         problems.extend(f"{test.where()}: {p}" for p in _test_problems(test, ex, rules))
+        if hits is not None:
+            events = {id(ev): ev for ln in ex.lines for ev in ln.events}
+            hits.extend((f"test '{test.name}' ({test.where().split(': ')[0]}), line "
+                         f"{ev.anchor.line_no}", rules.match(ev)) for ev in events.values())
     return problems
 
 
@@ -248,4 +260,153 @@ def _verdict_problems(test: PackTest, report: Report) -> list[str]:
         out.append(f"verdict culprit hosts {report.culprits.hosts}, expected {list(test.hosts)}")
     if test.ranks is not None and tuple(report.culprits.ranks) != test.ranks:
         out.append(f"verdict culprit ranks {report.culprits.ranks}, expected {list(test.ranks)}")
+    out.extend(_culprit_problems(test, report))
+    if test.hint is not None and test.hint not in report.hint:
+        out.append(f"verdict hint {report.hint!r} does not contain {test.hint!r}")
     return out
+
+
+def _culprit_problems(test: PackTest, report: Report) -> list[str]:
+    """`culprit:` the verdict names that one host / rank / GPU (each field stated), or none at all."""
+    c = report.culprits
+    named = {"host": c.hosts, "rank": c.ranks, "gpu": c.gpus}
+    if test.culprit is None:
+        return []
+    if test.culprit == ():
+        return [] if not any(named.values()) else [f"verdict culprit hosts {c.hosts} ranks {c.ranks} gpus {c.gpus}, "
+                                                   f"expected none"]
+    return [f"verdict culprit {key}s {named[key]}, expected [{want!r}]"
+            for key, want in test.culprit if named[key] != [want]]
+
+
+# --- timeline.yaml's raw-input tests ---------------------------------------------------------------
+
+
+class _Reads(BaseModel):
+    """What the progress forms must read off one raw line (its message, once the normaliser took the
+    prefixes): field values, whether it is progress at all, the checkpoint step it says was saved,
+    whether it says training is over. A key left out is not checked."""
+
+    model_config = ConfigDict(extra="forbid")
+    line: int = Field(ge=1)
+    progress: bool | None = None  # false: no form reads a field off it
+    checkpoint: int | None = None  # the step of the checkpoint it says was saved
+    completion: bool | None = None
+    step: float | None = None
+    epoch: float | None = None
+    total: float | None = None
+    loss: float | None = None
+    grad_norm: float | None = None
+    lr: float | None = None
+    step_time_ms: float | None = None
+    step_time_s: float | None = None
+    it_per_s: float | None = None
+    skipped_iters: float | None = None
+    skipped_total: float | None = None
+    nan_iters: float | None = None
+    throughput: float | None = None
+
+
+class _JobProgress(BaseModel):
+    """What the job's progress block must say of the lines (the report's `progress`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    lines: int | None = None
+    ranks: int | None = None
+    last_step: float | None = None
+    checkpoints: list[tuple[int, int]] | None = None  # (step, line), exactly
+
+
+class _TimelineTest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    lines: list[str] = Field(min_length=1)
+    reads: list[_Reads] = []
+    progress: _JobProgress | None = None
+
+
+_NOT_FIELDS = frozenset({"line", "progress", "checkpoint", "completion"})
+
+
+def run_timeline_tests(settings: Settings, rules: RuleSet, path: Path | None = None) -> list[str]:
+    """timeline.yaml's `tests:` (raw lines, prefixes and all, through the real normaliser and session):
+    one problem a line ("file:line: test 'name': what"), a test that does not validate included."""
+    from logdx import yamlsafe
+    from logdx.timeline import FORMS_PATH
+
+    path = path or FORMS_PATH
+    shown = _shown(path)
+    try:
+        root, data = yamlsafe.load_with_nodes(path.read_text(encoding="utf-8"), shown)
+    except (OSError, UnicodeDecodeError, yamlsafe.YamlError) as e:
+        return [f"{shown}: cannot load: {e}"]
+    raw_tests = data.get("tests", []) if isinstance(data, dict) else []
+    at = _test_lines(root)
+    engine = Engine.for_rules(settings, rules)
+    problems: list[str] = []
+    for i, raw in enumerate(raw_tests if isinstance(raw_tests, list) else []):
+        where = f"{shown}:{at[i] if i < len(at) else 1}: timeline test"
+        try:
+            test = _TimelineTest.model_validate(raw)
+        except ValidationError as e:
+            err = e.errors()[0]
+            problems.append(f"{where} #{i + 1}: {'.'.join(map(str, err['loc']))}: {err['msg']}")
+            continue
+        where += f" '{test.name}'"
+        problems.extend(f"{where}: {p}" for p in _timeline_problems(engine, test))
+    return problems
+
+
+def _timeline_problems(engine: Engine, test: _TimelineTest) -> list[str]:
+    from logdx.timeline import checkpoint_step_of, fields_of, is_completion
+
+    out: list[str] = []
+    ex = explain_lines(engine, test.lines)
+    for want in test.reads:
+        if want.line > len(ex.lines):
+            out.append(f"line {want.line} of {len(ex.lines)} lines")
+            continue
+        text = ex.lines[want.line - 1].record.text
+        got = fields_of(text)
+        if want.progress is not None and bool(got) != want.progress:
+            out.append(f"line {want.line}: progress {bool(got)} (read {got}), expected {want.progress}")
+        if want.checkpoint is not None and checkpoint_step_of(text) != want.checkpoint:
+            out.append(f"line {want.line}: checkpoint step {checkpoint_step_of(text)}, expected {want.checkpoint}")
+        if want.completion is not None and is_completion(text) != want.completion:
+            out.append(f"line {want.line}: completion {is_completion(text)}, expected {want.completion}")
+        for name in sorted(want.model_fields_set - _NOT_FIELDS):
+            value = getattr(want, name)
+            have = got.get(name)
+            if value is None or have is None or not math.isclose(have, value, rel_tol=1e-9, abs_tol=1e-12):
+                out.append(f"line {want.line}: {name} {have!r}, expected {value!r} (read {got} of {text!r})")
+    p, block = test.progress, ex.report.progress
+    if p is not None:
+        for name in sorted(p.model_fields_set):
+            # no block: the log had no progress line (0 lines, 0 ranks, nothing else)
+            had: object = getattr(block, name) if block is not None else (0 if name in ("lines", "ranks") else None)
+            want_v: object = getattr(p, name)
+            if name == "checkpoints":  # pairs, however YAML or pydantic spell them
+                had = [tuple(c) for c in had] if isinstance(had, list) else had
+                want_v = [tuple(c) for c in want_v] if isinstance(want_v, list) else want_v
+            if had != want_v:
+                out.append(f"progress {name} {had!r}, expected {want_v!r}")
+    return out
+
+
+def _test_lines(root: object) -> list[int]:
+    """The line of each item of the document's `tests:` sequence."""
+    import yaml
+
+    if not isinstance(root, yaml.MappingNode):
+        return []
+    for k, v in root.value:
+        if isinstance(k, yaml.ScalarNode) and k.value == "tests" and isinstance(v, yaml.SequenceNode):
+            return [item.start_mark.line + 1 for item in v.value]
+    return []
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

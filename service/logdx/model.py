@@ -77,10 +77,12 @@ READ_AS_A_WHOLE = frozenset({EventKind.STACK_DUMP, EventKind.FR_REPORT, EventKin
 
 # Failure types, and what each implies, are data: see logdx/taxonomy.yaml and logdx.taxonomy.
 class FT(StrEnum):
-    """The failure types code reasons about by name (a hang is decided by code, not by a rule).
+    """The failure types some code names (a hang is decided by code, not by a rule): most of the taxonomy's,
+    since code may not spell a type as a string (tests/test_vocabulary.py), and only those
+    (tests/test_registries.py fails on a member no module uses).
 
-    Not the list of failure types: that is taxonomy.yaml, and a new type needs no member here. The
-    taxonomy refuses to load when a member names a type it does not declare.
+    Not the list of failure types: that is taxonomy.yaml, and a new type needs no member here unless code
+    must name it. The taxonomy refuses to load when a member names a type it does not declare.
     """
 
     GPU_FELL_OFF_BUS = "gpu_fell_off_bus"

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -37,7 +38,8 @@ from logdx.model import Divergence, ProgressMark, ProgressSummary, Record, Resta
 
 FORMS_PATH = Path(__file__).with_name("timeline.yaml")
 
-__all__ = ["FORMS_PATH", "ProgressShape", "Timeline", "TimelineError", "checkpoint_step_of", "is_completion",
+__all__ = ["FORMS_PATH", "ProgressShape", "Timeline", "TimelineError", "checkpoint_step_of", "fields_of",
+           "is_completion",
            "progress_shape_of"]
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
@@ -76,6 +78,7 @@ class _FormsFile(BaseModel):
     fields: dict[str, list[str]]
     checkpoints: list[str]
     completions: list[str] = []
+    tests: list[Any] = []  # raw lines and what must be read of them: `logdx rules test` runs them (explain.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +230,18 @@ _DIGIT_RUN = re.compile(rb"\d+")
 
 def _digit_runs(text: str) -> list[tuple[int, int]]:
     return [(m.start(), m.end()) for m in re.finditer(r"\d+", text)]
+
+
+def fields_of(text: str) -> dict[str, float]:
+    """The fields the forms read off one message (what `progress_shape_of` decides, with this line's values):
+    `timeline.yaml`'s own tests check them."""
+    shape = progress_shape_of(text)
+    if shape is None:
+        return {}
+    numbers = [m.group() for m in _NUMBER.finditer(text)]
+    out = {name: float(numbers[i]) for name, i in shape.fields if i < len(numbers)}
+    out.update(dict(shape.consts))
+    return out
 
 
 def checkpoint_step_of(text: str) -> int | None:

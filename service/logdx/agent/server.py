@@ -22,6 +22,7 @@ from mcp.server.mcpserver import Context
 from pydantic import Field
 
 from logdx import __version__, formats
+from logdx.act.actuators import KubernetesActuator
 from logdx.agent.tools import (
     UNTRUSTED_NOTE,
     ActionsDone,
@@ -269,7 +270,7 @@ class Callers:
         from logdx.api.auth import Authenticator
 
         self.app = app
-        self.auth = Authenticator(settings.server, settings.actions.section_of("kubernetes"))
+        self.auth = Authenticator(settings.server, settings.actions.section_of(KubernetesActuator.name))
         self.local_bearer = settings.server.token
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

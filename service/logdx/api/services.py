@@ -24,6 +24,7 @@ import anyio
 import anyio.to_thread
 
 from logdx import progress
+from logdx.act.actuators import KubernetesActuator
 from logdx.act.respond import Responder, Response
 from logdx.api.auth import Authenticator, Principal, Tenants, job_not_found, report_not_found
 from logdx.api.background import Actor, Effect
@@ -91,7 +92,7 @@ class Services:
         services = cls(settings=settings, db=db, incidents=incidents, jobs=jobs, metrics=metrics,
                        responder=responder, actor=actor, sweeper=sweeper,
                        quota=JobQuota(settings.server, lambda: _open_jobs(db)),
-                       auth=Authenticator(settings.server, settings.actions.section_of("kubernetes")), tenants=Tenants(db))
+                       auth=Authenticator(settings.server, settings.actions.section_of(KubernetesActuator.name)), tenants=Tenants(db))
         services.cookies = SessionCookies(db, services.auth)
         role = settings.server.role
         services.nodes = NodeJoiner(settings.nodes, NodeStreams(settings.nodes, db), jobs,

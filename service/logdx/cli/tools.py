@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import argparse
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from logdx.faces import EXIT_FAILED, EXIT_OK, UsageError, add_config_arg, settings_from
+
+if TYPE_CHECKING:
+    from logdx.diagnose.rules import RuleHit
 
 
 def add_tool_parsers(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
@@ -125,7 +130,7 @@ def cmd_token_digest(args: argparse.Namespace) -> int:
 
 
 def cmd_rules_test(args: argparse.Namespace) -> int:
-    from logdx.diagnose.rules import RuleError, check_examples, default_rules_dir, load_rules
+    from logdx.diagnose.rules import RuleError, check_examples, default_rules_dir, load_rules, precedence_problems
 
     dirs = [default_rules_dir(), *args.dirs, *args.rules]
     try:
@@ -133,10 +138,14 @@ def cmd_rules_test(args: argparse.Namespace) -> int:
     except RuleError as e:
         raise UsageError(str(e)) from None
     from logdx.config import Settings
-    from logdx.explain import run_pack_tests
+    from logdx.explain import run_pack_tests, run_timeline_tests
 
     problems = check_examples(ruleset)
-    problems += run_pack_tests(Settings(), ruleset)
+    test_hits: list[tuple[str, Sequence[RuleHit]]] = []
+    problems += run_pack_tests(Settings(), ruleset, test_hits)
+    # two root causes of different types on one example, neither refining the other: which wins is a choice
+    problems += precedence_problems(ruleset, test_hits)
+    problems += run_timeline_tests(Settings(), ruleset)  # timeline.yaml's own raw-input tests
     for p in problems:
         print(p)
     verdict = "ok" if not problems else f"{len(problems)} problem(s)"

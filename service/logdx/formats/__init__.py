@@ -13,7 +13,9 @@ One module per format, each a `Format` (name, media types, how its first bytes l
 | `loki-json` | Loki push, JSON                                                     | `loki`            |
 
 A new shipper format is one module with one `Format`, added to `FORMATS` below. `choose()` picks a
-format from a name, a media type, or, where that is unambiguous, the input's first bytes.
+format from a name, the media types the formats declare, or, where that is unambiguous, the input's first
+bytes. No format has settings of its own: the bounds in `input` (`max_record_bytes`, `max_document_bytes`,
+`max_records`) are shared by several formats, so they stay there.
 Used by the HTTP service (`logdx.api.ingest`), the CLI (`diagnose --format`) and `read_file`.
 """
 
@@ -33,8 +35,9 @@ from logdx.formats.records import RECORDS
 from logdx.formats.text import TEXT
 
 __all__ = [
-    "DEFAULT_JOB_KEYS", "FORMATS", "SNIFF_BYTES", "Batch", "Format", "FormatError", "Meta", "Parser", "Run",
-    "accepted_names", "by_name", "choose", "media_type", "names", "read_stream", "sniff_file",
+    "DEFAULT_JOB_KEYS", "FORMATS", "SNIFF_BYTES", "TEXT", "Batch", "Format", "FormatError", "Meta", "Parser", "Run",
+    "accepted_names", "by_name", "choose", "declaring", "media_type", "media_types", "names", "read_stream",
+    "sniff_file",
 ]
 
 FORMATS: dict[str, Format] = {f.name: f for f in (TEXT, RECORDS, FLUENT_MSGPACK, OTLP_PROTOBUF, OTLP_JSON,
@@ -104,13 +107,6 @@ def _sniff_any(head: bytes) -> Format:
     return RECORDS if _looks_ndjson(head) else TEXT
 
 
-def _sniff_json(head: bytes) -> Format:
-    for fmt in _DOCUMENT_SNIFFS:
-        if fmt.sniff is not None and fmt.sniff(head):
-            return fmt
-    return RECORDS
-
-
 class Sniffing:
     """Holds the first bytes until they tell which format this is, then hands everything to it."""
 
@@ -148,28 +144,63 @@ class Sniffing:
 
 def choose(meta: Meta, *, name: str | None = None, content_type: str | None = None,
            protobuf: Format = OTLP_PROTOBUF, http: bool = True) -> tuple[str, Parser]:
-    """The parser for an input: by `name` (a format name or "auto"), else by media type, else by its
-    first bytes. Protobuf bodies cannot be told apart by their bytes: the endpoint says which
-    (`protobuf`). Over HTTP a text media type means text; a file (`http=False`) is sniffed.
-    Returns (the format's name, or "auto" until the bytes decide; the parser)."""
+    """The parser for an input: by `name` (a format name or "auto"), else by the media type the formats
+    declare (`Format.media_types`, nothing else lists them), else by its first bytes. Protobuf bodies cannot
+    be told apart by their bytes: the endpoint says which (`protobuf`). A media type several formats declare
+    (`application/json`: records, an OTLP or a Loki document) is decided by the first bytes among those, and
+    so is any media type of a JSON format (`application/x-ndjson`) or with the structured-syntax suffix
+    `+json` (`application/vnd.vector+json`). Over HTTP no media type means
+    text; a file (`http=False`) with none (or an octet stream) is sniffed. A media type no format declares is
+    refused (`unsupported_media_type`): `text/csv` is not log lines. Returns (the format's name, or "auto"
+    until the bytes decide; the parser)."""
     if name and name != "auto":
         fmt = by_name(name)
         return fmt.name, fmt.parser(meta)
     media = media_type(content_type)
+    if not http and media in ("", _OCTET_STREAM):
+        return "auto", Sniffing(_sniff_any, meta)
+    if not media:
+        return TEXT.name, TEXT.parser(meta)
     if media in protobuf.media_types:
         return protobuf.name, protobuf.parser(meta)
-    if media in FLUENT_MSGPACK.media_types:
-        return FLUENT_MSGPACK.name, FLUENT_MSGPACK.parser(meta)
-    if media in RECORDS.media_types or media.endswith("+json"):
-        return "auto", Sniffing(_sniff_json, meta)
-    if http and (not media or media in TEXT.media_types or media.startswith("text/")):
-        return TEXT.name, TEXT.parser(meta)
-    if not http or media in ("", "application/octet-stream"):
-        return "auto", Sniffing(_sniff_any, meta)
+    candidates = declaring(media if not media.endswith("+json") else _JSON)
+    if any(_JSON in f.media_types for f in candidates):
+        # a JSON media type (application/x-ndjson too): whichever JSON document follows, its bytes say
+        candidates = declaring(_JSON)
+    if len(candidates) == 1:
+        return candidates[0].name, candidates[0].parser(meta)
+    if candidates:
+        return "auto", Sniffing(_sniff_among(candidates), meta)
     raise FormatError("unsupported", "unsupported_media_type",
-                      f"unsupported Content-Type {media!r}: send text/plain lines, JSON records "
-                      "(application/json, application/x-ndjson), application/msgpack (Fluent Bit), "
-                      "OTLP (application/x-protobuf or JSON) or a Loki push")
+                      f"unsupported Content-Type {media!r}: one of {', '.join(sorted(media_types()))} "
+                      "(or any +json type)")
+
+
+_OCTET_STREAM = "application/octet-stream"
+_JSON = "application/json"
+
+
+def declaring(media: str) -> list[Format]:
+    """The formats that declare this media type, in `FORMATS` order (a format whose bytes say nothing of it
+    other than it being one, like the JSON records, first)."""
+    return [f for f in FORMATS.values() if media in f.media_types]
+
+
+def media_types() -> frozenset[str]:
+    """Every media type some format declares (what the service accepts, and its error says)."""
+    return frozenset(m for f in FORMATS.values() for m in f.media_types)
+
+
+def _sniff_among(candidates: list[Format]) -> Callable[[bytes], Format]:
+    """The first bytes decide among formats sharing a media type: a document's own shape first (an OTLP or
+    Loki JSON document), else the first candidate that sniffs nothing narrower (JSON records)."""
+    narrow = [f for f in _DOCUMENT_SNIFFS if f in candidates]
+    rest = next((f for f in candidates if f not in narrow), candidates[0])
+
+    def pick(head: bytes) -> Format:
+        return next((f for f in narrow if f.sniff is not None and f.sniff(head)), rest)
+
+    return pick
 
 
 def read_stream(f: BinaryIO, meta: Meta, name: str | None = None, piece: int = 1 << 20) -> Iterator[Batch]:

@@ -58,7 +58,7 @@ def format_of(f: BinaryIO, name: str, fmt: str) -> str:
 
     head = f.peek(formats.SNIFF_BYTES)[: formats.SNIFF_BYTES] if hasattr(f, "peek") else b""
     chosen = formats.by_name(fmt).name if fmt != "auto" else formats.sniff_file(head).name
-    if chosen == "text" and looks_binary(head):
+    if chosen == formats.TEXT.name and looks_binary(head):
         raise InputError(f"{name}: binary data, not a text log (for a shipper's format, see --format)")
     return chosen
 
@@ -68,7 +68,7 @@ def _year_of_input(path: str, fmt: str, max_line: int) -> tuple[int, int]:
     was last written; what is piped in is read as it is written (this year)."""
     if path != "-":
         log = LogFile(Path(path), path)
-        found = year_of([log], [read_head(log, max_line) if fmt == "text" else None])
+        found = year_of([log], [read_head(log, max_line) if fmt == formats.TEXT.name else None])
         if found is not None:
             return found
     now = time.gmtime()
@@ -106,7 +106,7 @@ class OneInput(JobInput):
     def _feed(self, session: Session) -> dict[str, int]:
         if self.year is not None:
             session.hint_year(*self.year)
-        if self.fmt == "text" and not self.live:
+        if self.fmt == formats.TEXT.name and not self.live:
             session.feed_lines(iter_lines(self.handle, self.settings.max_line_bytes))
             return {}
         refused: dict[str, int] = {}
@@ -127,7 +127,7 @@ class JobFiles(JobInput):
         self.settings, self.skipped = settings, skipped
         max_line = settings.max_line_bytes
         # The hosts the job's own lines name decide what the files' names may say (and the year of stamps without one).
-        heads = [read_head(f, max_line) if chosen == "text" else None for f, _, chosen in opened]
+        heads = [read_head(f, max_line) if chosen == formats.TEXT.name else None for f, _, chosen in opened]
         self.files, self.host_notes = resolve_hosts([f for f, _, _ in opened], heads)
         self.year = year_of(self.files, heads)
         self.refused: dict[str, int] = {}  # records without a line, by reason
@@ -170,7 +170,7 @@ class JobFiles(JobInput):
 
     def _pairs(self, handle: BinaryIO, f: LogFile, fmt: str) -> Iterator[tuple[bytes, Source | None]]:
         """One file's lines with what its name says about them (records keep what they say themselves)."""
-        if fmt == "text":
+        if fmt == formats.TEXT.name:
             source = f.source
             for line in iter_lines(handle, self.settings.max_line_bytes):
                 yield line, source

@@ -9,13 +9,15 @@ file to match, one module a step:
 - ``compiled``: the plain dataclasses a rule becomes (``Rule``, ``RuleHit``, ``OriginConfig``);
 - ``keywords``: the keyword pre-filter read off each regex's parse tree (the only user of ``re._parser``);
 - ``matcher``: ``RuleSet.match(event)`` returns every rule hit on one event, best first;
-- ``examples``: every rule against its own examples and counterexamples (``logdx rules test``).
+- ``precedence``: ``refines:`` between rules (which wins when both hit), and the overlaps nothing decides;
+- ``examples``: every rule against its own examples and counterexamples, and every example against
+  every rule for overlaps without precedence (``logdx rules test``).
 """
 
 from __future__ import annotations
 
 from logdx.diagnose.rules.compiled import KNOWN_KINDS, Origin, OriginConfig, Rule, RuleError, RuleHit
-from logdx.diagnose.rules.examples import check_examples, example_event
+from logdx.diagnose.rules.examples import check_examples, example_event, example_hits, precedence_problems
 from logdx.diagnose.rules.loader import ENV_RULES_DIR, default_rules_dir, load_rules
 from logdx.diagnose.rules.matcher import RuleSet, classify_origin, render_hint
 
@@ -32,6 +34,8 @@ __all__ = [
     "classify_origin",
     "default_rules_dir",
     "example_event",
+    "example_hits",
     "load_rules",
+    "precedence_problems",
     "render_hint",
 ]

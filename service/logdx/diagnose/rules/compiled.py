@@ -40,6 +40,11 @@ class PackTest:
     root_line: int | None = None
     hosts: tuple[str, ...] | None = None  # the culprit, when the test states it
     ranks: tuple[int, ...] | None = None
+    # `culprit:` the one culprit the verdict names, field by field (host, rank, gpu); None: not stated.
+    # An empty tuple: the verdict names no culprit at all (`culprit: none`).
+    culprit: tuple[tuple[str, object], ...] | None = None
+    hint: str | None = None  # a substring the verdict's hint must hold
+    exit_code: int | None = None  # the job's exit code, given to the diagnosis as `diagnose --exit-code` does
 
     def where(self) -> str:
         return f"{self.file}:{self.line}: test '{self.name}'"
@@ -73,6 +78,17 @@ class OriginConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ExampleExpect:
+    """What a rule's hit on one of its examples must give besides matching (an example written as a
+    mapping): a substring of the rendered hint, the culprit it names (host, rank, GPU)."""
+
+    hint: str | None = None
+    host: str | None = None
+    rank: int | None = None
+    gpu: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Rule:
     id: str
     pack: str
@@ -98,6 +114,10 @@ class Rule:
     example_lines: tuple[int, ...] = ()
     counterexample_lines: tuple[int, ...] = ()
     cleared_by: tuple[re.Pattern[str], ...] = ()  # a later line of the same host saying the condition cleared
+    # The rules this one is a narrower reading of: when both hit one event, this one wins (precedence.py).
+    refines: tuple[str, ...] = ()
+    # Per example (same order as `examples`): what its hit must render and name, when the pack says so.
+    example_expects: tuple[ExampleExpect | None, ...] = ()
 
     def where(self) -> str:
         return f"{self.file}:{self.line}: rule '{self.id}'"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from logdx.diagnose.rules.compiled import Rule
+from collections.abc import Sequence
+
+from logdx.diagnose.rules.compiled import ExampleExpect, Rule, RuleHit
 from logdx.diagnose.rules.keywords import Prefilter
-from logdx.diagnose.rules.matcher import RuleSet, event_texts, match_rule
+from logdx.diagnose.rules.matcher import RuleSet, event_texts, match_rule, render_hint
+from logdx.diagnose.rules.precedence import overlaps
 from logdx.model import Event, EventKind, Record
 from logdx.patterns import exception_line
 
@@ -39,15 +42,52 @@ def _example_problems(rule: Rule, prefilter: Prefilter) -> list[tuple[int, str]]
     out: list[tuple[int, str]] = []
     for i, ex in enumerate(rule.examples):
         ev = example_event(ex, rule)
-        if match_rule(rule, ev, event_texts(ev, prefilter)) is None:
-            line = rule.example_lines[i] if i < len(rule.example_lines) else rule.line
+        found = match_rule(rule, ev, event_texts(ev, prefilter))
+        line = rule.example_lines[i] if i < len(rule.example_lines) else rule.line
+        if found is None:
             out.append((line, f"example does not match: {ex!r}"))
+            continue
+        expect = rule.example_expects[i] if i < len(rule.example_expects) else None
+        if expect is not None:
+            out.extend((line, f"example {ex!r}: {what}") for what in _expect_problems(rule, expect, ev, *found))
     for i, ex in enumerate(rule.counterexamples):
         ev = example_event(ex, rule)
         if match_rule(rule, ev, event_texts(ev, prefilter)) is not None:
             line = rule.counterexample_lines[i] if i < len(rule.counterexample_lines) else rule.line
             out.append((line, f"counterexample matches: {ex!r}"))
     return out
+
+
+def _expect_problems(rule: Rule, expect: ExampleExpect, ev: Event, record: Record,
+                     groups: dict[str, str]) -> list[str]:
+    """What the hit on an example gives that its mapping says it must not (hint, culprit), as a RuleHit names them."""
+    out: list[str] = []
+    hint = render_hint(rule.hint, groups, record, ev)
+    if expect.hint is not None and expect.hint not in hint:
+        out.append(f"hint {hint!r} does not contain {expect.hint!r}")
+    rank_group = groups.get("rank")
+    named = {"host": groups.get("host") or record.host,
+             "rank": int(rank_group) if rank_group is not None and rank_group.isdigit() else record.rank,
+             "gpu": groups.get("gpu") or ev.gpu}
+    for key in ("host", "rank", "gpu"):
+        want = getattr(expect, key)
+        if want is not None and named[key] != want:
+            out.append(f"culprit {key} {named[key]!r}, expected {want!r}")
+    return out
+
+
+def example_hits(ruleset: RuleSet) -> list[tuple[str, list[RuleHit]]]:
+    """Every rule's examples through the whole rule set: (which example, every hit on it, best first)."""
+    return [(f"example of rule '{rule.id}' ({rule.file}:{line})", ruleset.match(example_event(ex, rule)))
+            for rule in ruleset.rules
+            for ex, line in zip(rule.examples, rule.example_lines or (rule.line,) * len(rule.examples))]
+
+
+def precedence_problems(ruleset: RuleSet, more: Sequence[tuple[str, Sequence[RuleHit]]] = ()) -> list[str]:
+    """Root-cause rules of different types that hit one example (a rule's, or an event of the hits in
+    `more`: the packs' raw-input tests) with no `refines` between them: one problem a pair."""
+    found = overlaps([*example_hits(ruleset), *more], ruleset.by_id, ruleset.outranks)
+    return [o.problem() for o in found]
 
 
 def check_examples(ruleset: RuleSet, *, require_examples: bool = True) -> list[str]:

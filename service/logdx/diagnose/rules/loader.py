@@ -12,18 +12,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from logdx.diagnose.rules.compiled import EXCEPTION_MARKERS, KNOWN_KINDS, OriginConfig, PackTest, Rule, RuleError
+from logdx.diagnose.rules.compiled import (
+    EXCEPTION_MARKERS,
+    KNOWN_KINDS,
+    ExampleExpect,
+    OriginConfig,
+    PackTest,
+    Rule,
+    RuleError,
+)
 from logdx.diagnose.rules.examples import check_examples
 from logdx.diagnose.rules.keywords import pattern_problem, rule_literals
 from logdx.diagnose.rules.matcher import RuleSet
+from logdx.diagnose.rules.precedence import refines_problems
 
 if TYPE_CHECKING:  # YAML, pydantic and the pack format load only when packs are compiled, not read from the cache
     import yaml
     from pydantic import ValidationError
 
-    from logdx.diagnose.rules.spec import EventExpect, MatchSpec, OriginSpec, RecordExpect, RuleSpec
+    from logdx.diagnose.rules.spec import CulpritExpect, EventExpect, MatchSpec, OriginSpec, RecordExpect, RuleSpec
 from logdx.model import FT, Action, Category, EventKind, Label, Role
-from logdx.taxonomy import category_of, default_action, make_label
+from logdx.taxonomy import category_of, default_action, is_hardware, make_label
 
 ENV_RULES_DIR = "LOGDX_RULES_DIR"
 
@@ -105,6 +114,7 @@ def _compile(files: list[Path], problems: list[str], verify: bool) -> RuleSet:
             rules.append(r)
     problems.extend(f"{t.where()}: unknown rule '{rid}'" for t in tests for rid, _, _ in t.events
                     if rid is not None and rid not in seen)
+    problems.extend(refines_problems(rules))
     if problems:
         raise RuleError(problems)
     ruleset = RuleSet(rules=rules, origin=origin, packs=packs, files=files, tests=tests)
@@ -264,7 +274,19 @@ def _load_test(raw: Any, pack: str, shown: str, lines: _Lines, data: Any, tpath:
         action=v.action.value if v and v.action else None,
         hosts=tuple(v.hosts) if v and v.hosts is not None else None,
         ranks=tuple(v.ranks) if v and v.ranks is not None else None,
+        culprit=_culprit_fields(v.culprit) if v else None,
+        hint=v.hint if v else None,
+        exit_code=spec.exit_code,
     )
+
+
+def _culprit_fields(c: CulpritExpect | str | None) -> tuple[tuple[str, object], ...] | None:
+    """A stated culprit as (field, value) pairs; () for `none` (no culprit); None when not stated."""
+    if c is None:
+        return None
+    if isinstance(c, str):
+        return ()
+    return tuple((k, getattr(c, k)) for k in ("host", "rank", "gpu") if getattr(c, k) is not None)
 
 
 def _rule_ref(data: Any, path: Sequence[Any]) -> str:
@@ -358,6 +380,15 @@ def _make_label(category: Category, failure_type: str, action: Action | None) ->
         return None, str(e)
 
 
+def _cordon_problem(label: Label | None) -> str | None:
+    """Only a hardware type (taxonomy.yaml `hardware: true`) may take a node out: a cordon on any other
+    type would drain healthy machines for a software fault."""
+    if label is not None and label.action is Action.CORDON_AND_RESTART and not is_hardware(label.failure_type):
+        return (f"action {Action.CORDON_AND_RESTART} on {label.failure_type}, which the taxonomy does not mark "
+                f"hardware: only hardware types may cordon a node (logdx/taxonomy.yaml `hardware: true`)")
+    return None
+
+
 def _by_origin_labels(spec: RuleSpec, where: Callable[..., str], problems: list[str]) -> dict[str, Label | None]:
     """The labels of a rule whose verdict depends on whose code raised (user or library)."""
     from logdx.diagnose.rules.spec import LabelSpec
@@ -373,8 +404,11 @@ def _by_origin_labels(spec: RuleSpec, where: Callable[..., str], problems: list[
             continue
         assert isinstance(ls, LabelSpec)
         lab, err = _make_label(ls.category, ls.failure_type, ls.action)
+        cordon = _cordon_problem(lab)
         if err:
             problems.append(f"{where('by_origin', which, 'failure_type')}: {err}")
+        elif cordon:
+            problems.append(f"{where('by_origin', which, 'action')}: {cordon}")
         elif lab is not None:
             by_origin[which] = lab
     if not spec.match.exceptions and spec.match.kinds != [EventKind.TRACEBACK]:
@@ -390,8 +424,12 @@ def _rule_label(spec: RuleSpec, where: Callable[..., str], problems: list[str]) 
     if spec.category is None or spec.failure_type is None:
         return None
     label, err = _make_label(spec.category, spec.failure_type, spec.action)
+    cordon = _cordon_problem(label)
     if err:
         problems.append(f"{where('failure_type')}: {err}")
+    elif cordon:
+        problems.append(f"{where('action')}: {cordon}")
+        return None
     return label
 
 
@@ -441,6 +479,9 @@ def _compile_rule(
     hint_err = hint_problem(spec.hint)
     if hint_err:
         problems.append(f"{where('hint')}: {hint_err}")
+    refines = tuple(dict.fromkeys(spec.refines))
+    if len(refines) < len(spec.refines):
+        problems.append(f"{where('refines')}: names a rule twice")
     if len(problems) > n_before:
         return None
     return Rule(
@@ -458,7 +499,9 @@ def _compile_rule(
         unless=tuple(unless),
         cleared_by=tuple(cleared),
         hint=spec.hint,
-        examples=tuple(spec.examples),
+        examples=tuple(e if isinstance(e, str) else e.text for e in spec.examples),
+        example_expects=_example_expects(spec),
+        refines=refines,
         counterexamples=tuple(spec.counterexamples),
         file=shown,
         line=lines.line(rpath),
@@ -469,6 +512,19 @@ def _compile_rule(
             lines.line((*rpath, "counterexamples", i)) for i in range(len(spec.counterexamples))
         ),
     )
+
+
+def _example_expects(spec: RuleSpec) -> tuple[ExampleExpect | None, ...]:
+    """What each example written as a mapping expects of the hit (None: a plain line, it must only match)."""
+    out: list[ExampleExpect | None] = []
+    for e in spec.examples:
+        if isinstance(e, str) or (e.hint is None and e.culprit is None):
+            out.append(None)
+            continue
+        c = e.culprit
+        out.append(ExampleExpect(hint=e.hint, host=c.host if c else None, rank=c.rank if c else None,
+                                 gpu=c.gpu if c else None))
+    return tuple(out) if any(x is not None for x in out) else ()
 
 
 def _display(path: Path) -> str:

@@ -1,7 +1,7 @@
 """Matching events against compiled rules: ``RuleSet.match(event)`` returns every hit, best first.
 
-Ordering of hits: role (root_cause > fallback > symptom), then severity, then confidence, then
-the order rules were loaded; a fallback is dropped when anything else hit the same event. That
+Ordering of hits: role (root_cause > fallback > symptom), then `refines` (a rule before every rule it
+refines, see precedence.py), then severity, then confidence, then the order rules were loaded; a fallback is dropped when anything else hit the same event. That
 is what makes "watchdog thread terminated with exception: CUDA error: uncorrectable ECC error"
 an ECC root cause, and a ChildFailedError traceback a symptom rather than "uncategorised".
 """
@@ -15,6 +15,7 @@ from pathlib import Path
 from logdx.diagnose.origin import OriginInfo, classify_origin, locate, owner_label
 from logdx.diagnose.rules.compiled import ANY_EXCEPTION, CUT_OFF, Origin, OriginConfig, PackTest, Rule, RuleHit
 from logdx.diagnose.rules.keywords import Prefilter
+from logdx.diagnose.rules.precedence import in_precedence, refined_by
 from logdx.model import Event, Label, Record, Role
 
 
@@ -44,6 +45,8 @@ class RuleSet:
     def __post_init__(self) -> None:
         self.by_id: dict[str, Rule] = {r.id: r for r in self.rules}
         self.prefilter = Prefilter.build(self.rules)
+        # rule id -> every rule it refines (through chains): only rules that refine something
+        self.outranks: dict[str, frozenset[str]] = refined_by(self.rules)
 
     def __len__(self) -> int:
         return len(self.rules)
@@ -96,12 +99,15 @@ class RuleSet:
             )
             hits.append(((*hit.sort_key(), rule.order), hit))
         hits.sort(key=lambda kh: kh[0])
+        ranked = [h for _, h in hits]
+        if len(ranked) > 1 and self.outranks:
+            ranked = in_precedence(ranked, self.outranks)  # a refining rule before the rules it refines
         # A fallback explains an event nothing else explains: once any precise rule (root cause
         # or symptom) hit it, a generic "uncategorised exception" would only add noise; worse, it
         # would outrank a symptom and turn an echo (ChildFailedError) into a root cause.
-        if any(h.role is not Role.FALLBACK for _, h in hits):
-            return [h for _, h in hits if h.role is not Role.FALLBACK]
-        return [h for _, h in hits]
+        if any(h.role is not Role.FALLBACK for h in ranked):
+            return [h for h in ranked if h.role is not Role.FALLBACK]
+        return ranked
 
     def classify_origin(self, event: Event) -> Origin:
         return classify_origin(event, self.origin)

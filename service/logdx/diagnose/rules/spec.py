@@ -48,6 +48,24 @@ class MatchSpec(BaseModel):
     unless: list[_NonEmpty] = []
 
 
+class CulpritExpect(BaseModel):
+    """The culprit a hit or a verdict names, field by field (a field left out is not checked)."""
+
+    model_config = _Strict
+    host: _NonEmpty | None = None
+    rank: int | None = None
+    gpu: _NonEmpty | None = None
+
+
+class ExampleSpec(BaseModel):
+    """An example written as a mapping: the line, and what the rule's hit on it must give."""
+
+    model_config = _Strict
+    text: _NonEmpty
+    hint: _NonEmpty | None = None  # a substring of the rendered hint
+    culprit: CulpritExpect | None = None  # the host / rank / GPU the hit names
+
+
 class RuleSpec(BaseModel):
     model_config = _Strict
     id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
@@ -64,7 +82,9 @@ class RuleSpec(BaseModel):
     # event makes the event one the job recovered from.
     cleared_by: list[_NonEmpty] = []
     hint: str = ""
-    examples: list[str] = []
+    # Rules this one is a narrower reading of: when both hit one event, this one wins (rules/README.md).
+    refines: list[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]] = []
+    examples: list[str | ExampleSpec] = []
     counterexamples: list[str] = []
 
 
@@ -109,6 +129,9 @@ class VerdictExpect(BaseModel):
     root_line: _LineIndex | None = None
     hosts: list[_NonEmpty] | None = None  # the culprit hosts, exactly ([]: none)
     ranks: list[int] | None = None  # the culprit ranks, exactly ([]: none)
+    # the one culprit named (each field stated: that host / rank / GPU and no other); `none`: no culprit at all
+    culprit: CulpritExpect | Literal["none"] | None = None
+    hint: _NonEmpty | None = None  # a substring of the verdict's hint
 
 
 class PackTestSpec(BaseModel):
@@ -118,6 +141,7 @@ class PackTestSpec(BaseModel):
     model_config = _Strict
     name: _NonEmpty
     lines: Annotated[list[str], Field(min_length=1)]
+    exit_code: int | None = None  # the job's exit code, as `logdx diagnose --exit-code` gives it
     records: list[RecordExpect] = []
     events: list[EventExpect] = []
     verdict: VerdictExpect | None = None
