@@ -40,3 +40,14 @@ def test_a_generated_timeout_is_read_with_its_class(engine: Engine, cause: str, 
     assert report.timeout is not None and report.timeout.cause == cause, report.timeout
     if cause in ("cpu_side", "misconfig"):
         assert report.action == "no_restart"
+
+
+def test_rules_explain_says_which_signal_decided_the_class(engine: Engine) -> None:
+    from logdx.explain import explain_lines, render_explanation
+
+    text, _ = _write(seed=3, flavour="plain", style="torchrun", ranks=16, lines=2500, cause="misconfig", variant="sizes")
+    out = render_explanation(explain_lines(engine, text.splitlines()))
+    head = next(line for line in out.splitlines() if line.startswith("timeout: "))
+    assert "class misconfig" in head and "it set the verdict" in head, head
+    signal = out.split(head, 1)[1].splitlines()[1]
+    assert signal.strip().startswith("signal") and "SeqNum" in signal and "NumelIn" in signal, signal
