@@ -318,9 +318,9 @@ def _cpu_side(works: dict[tuple[str, int], WorkSeen], desync: _Desync, findings:
     if not candidates or not works:
         return None
     first = min(works.values(), key=lambda w: w.line_no)  # the others': no candidate reported
-    others = _others_stop(summary, set(candidates))
-    if others is None:
-        return None
+    # Where the others stopped: their last progress line; when only the candidate prints progress (a framework
+    # whose rank 0 alone logs, and rank 0 went on), their first watchdog: they were waiting by then at the latest.
+    others = _others_stop(summary, set(candidates)) or (first.line_no, _ts_of_line(findings, first.line_no))
     working = {r: w for r in candidates if (w := _still_working(r, others, works, findings, summary)) is not None}
     if not working or len(working) > max(1, summary.world_size // 8):
         return None
