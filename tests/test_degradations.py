@@ -164,3 +164,28 @@ def test_a_clean_start_up_sends_no_advice(advising: tuple[Server, Receiver]) -> 
         assert c.post("/v1/jobs/marker-job/logs", content=other.getvalue().encode()).status_code == 200
     wait_until(lambda: any(b["data"]["job_id"] == "marker-job" for b in _advice(rx)), "the marker job's advice")
     assert not [b for b in _advice(rx) if b["data"]["job_id"] == "clean-job"]
+
+
+@pytest.mark.parametrize("kind", ["bootstrap_interface", "fewer_channels", "nccl_version_differs",
+                                  "driver_version_differs"])
+def test_one_host_that_differs_from_the_agreeing_others_is_named(engine, kind: str) -> None:
+    buf = io.StringIO()
+    truth = startup_job(buf, seed=21, flavour="plain", style="srun", ranks=32, lines=1800, degradation=kind,
+                        gpus_per_host=8)
+    report = diagnose_lines(engine, buf.getvalue().splitlines(), 0)
+    assert [(g.kind, g.host) for g in report.degradations] == [(kind, truth.variant["degraded_host"])]
+    assert report.status == "healthy" and report.action == "none"
+    assert str(report.degradations[0].line_no) and report.degradations[0].text in buf.getvalue()
+
+
+def test_two_hosts_that_disagree_name_neither() -> None:
+    from logdx.diagnose.degradations import degradations_in
+
+    def words(version: str, channels: str) -> dict[str, tuple[str, int, str]]:
+        return {"version": (version, 1, f"NCCL INFO NCCL version {version}"),
+                "channels": (channels, 2, f"NCCL INFO {channels} coll channels, ...")}
+
+    assert degradations_in({"a": words("2.21.5+cuda12.4", "32"), "b": words("2.18.1+cuda12.1", "16")}) == []
+    # Three hosts, two agreeing: the third is named; a host with more channels than the others is not a degradation.
+    three = {"a": words("2.21.5+cuda12.4", "32"), "b": words("2.21.5+cuda12.4", "32"), "c": words("2.18.1+cuda12.1", "64")}
+    assert [(g.kind, g.host) for g in degradations_in(three)] == [("nccl_version_differs", "c")]
