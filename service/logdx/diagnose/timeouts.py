@@ -50,6 +50,7 @@ _NOT_JOINED = re.compile(r"\[(?P<ranks>[\d, ]+)\] finished collective #(?P<seq>\
 _NOT_FINISHED = re.compile(r"\[(?P<ranks>[\d, ]+)\] joined but didn't finish collective #(?P<seq>\d+)")
 _NEVER_JOINED = re.compile(r"ranks \[(?P<ranks>[\d, ]+)\] are the lagging ranks that caused this timeout")
 _MISMATCH = "Detected mismatch between collectives on ranks"
+_SIDES = re.compile(r"Rank (\d+) is running collective: .*?, but Rank (\d+) is running collective")
 # Ops whose sizes differ across ranks by design (uneven all_to_all splits): only their op type is compared.
 _SIZES_MAY_DIFFER = ("ALLTOALL", "SEND", "RECV", "GATHER", "SCATTER")
 # The rules whose lines say a collective timed out (besides any line that carries a watchdog's work).
@@ -213,11 +214,17 @@ def _misconfig(works: dict[tuple[str, int], WorkSeen], mismatch: Sequence[Findin
     if mismatch:
         f = min(mismatch, key=lambda x: x.hit.line.line_no)
         raised = sorted(f.ranks) or ([f.hit.rank] if f.hit.rank is not None else [])
+        # Every rank's check raises when one rank's collective differs (each compares itself with the others): a
+        # culprit stands out only when one or two raised; the line names the two sides either way.
+        named = raised if len(raised) <= 2 else []
+        pair = _SIDES.search(f.hit.line.text)
+        who = (f"rank {pair.group(1)} and rank {pair.group(2)}" if pair else
+               f"rank{'s' if len(raised) > 1 else ''} {', '.join(map(str, raised[:8])) or '?'}")
         return TimeoutVerdict(
-            "misconfig", evidence=[f"line {f.hit.line.line_no}: {_clip(f.hit.line.text)}"], ranks=raised,
-            hosts=_hosts(raised, summary),
-            hint=f"TORCH_DISTRIBUTED_DEBUG's check found ranks {', '.join(map(str, raised)) or '?'} running different "
-                 f"collectives (line {f.hit.line.line_no}): {timeout_class('misconfig').advice}.")
+            "misconfig", evidence=[f"line {f.hit.line.line_no}: {_clip(f.hit.line.text)}"]
+            + ([f"{len(raised)} ranks raised it"] if len(raised) > 2 else []), ranks=named, hosts=_hosts(named, summary),
+            hint=f"TORCH_DISTRIBUTED_DEBUG's check found {who} running different collectives (line "
+                 f"{f.hit.line.line_no}): {timeout_class('misconfig').advice}.")
     by_seq: dict[tuple[str, int], dict[int, WorkSeen]] = defaultdict(dict)
     for (pg, rank), w in works.items():
         if w.op is not None:
