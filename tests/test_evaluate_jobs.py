@@ -50,7 +50,7 @@ def test_a_hang_culprit_must_be_named_alone_with_its_host() -> None:
 
 def test_a_healthy_job_is_scored_on_its_status_only() -> None:
     ok = JobTruth(kind="healthy", status="healthy", category=None, failure_type=None, action="none", exit_code=0)
-    assert score_job(ok, _report("healthy")) == {"status": True, **dict.fromkeys(("category", "action", "failure_type", "root_line", "culprit", "culprit_rank", "culprit_host", "step"))}
+    assert score_job(ok, _report("healthy")) == {"status": True, **dict.fromkeys(("category", "action", "failure_type", "root_line", "culprit", "culprit_rank", "culprit_host", "step", "timeout_class", "degradation"))}
     assert score_job(ok, _report("failed"))["status"] is False
 
 

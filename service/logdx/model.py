@@ -493,7 +493,8 @@ def rests_on_evidence(decided_by: str) -> bool:
 class Degradation:
     """Something the job's start-up says will make it slow (diagnose/degradations.py): advice, never an action."""
 
-    kind: str  # "network_fallback" | "gdr_disabled" | "p2p_disabled"
+    kind: str  # "network_fallback" | "gdr_disabled" | "p2p_disabled" | "bootstrap_interface" | "fewer_channels" | ...
+    # ... "nccl_version_differs" | "driver_version_differs"
     host: str
     line_no: int
     text: str

@@ -31,7 +31,7 @@ from logdx.act.capsule import Evidence
 from logdx.act.costs import CostBook
 from logdx.act.history import AttemptHistory, lineage_of
 from logdx.act.policy import AttemptOutcome, restart_verdict
-from logdx.act.report import Report
+from logdx.act.report import DegradationBlock, Report
 from logdx.api import jobviews
 from logdx.api.background import Actor, Effect, Timer
 from logdx.api.coordinator import Coordinator
@@ -52,6 +52,7 @@ from logdx.api.jobstate import (
 from logdx.api.limits import TokenBucket
 from logdx.api.metrics import Metrics
 from logdx.config import Settings
+from logdx.diagnose.degradations import degradations_in
 from logdx.hosts import HostScope
 from logdx.incidents import IncidentStore
 from logdx.model import FT, Category, FailureContext
@@ -232,6 +233,7 @@ class JobManager:
         session = job.session
         if session is None or job.state != "open":
             return
+        self._advise(job, session)
         if not session.take_new_root_causes():
             return
         if job.root_cause_at is None:
@@ -239,6 +241,21 @@ class JobManager:
         if not job.scheduled:
             job.scheduled = True
             self.timer.schedule(job.id, self.settings.server.early_diagnosis_delay_s)
+
+    def _advise(self, job: Job, session: Session) -> None:
+        """What the start-up lines that just arrived say will slow the job: advice, alerted once per kind and host
+        (the outbox dedupes across replicas and restarts). Read only when NCCL said something new."""
+        words = session.compressor.nccl_setup_words
+        if words == job.setup_words or self.actor is None:
+            return
+        job.setup_words = words
+        fresh = [g for g in degradations_in(session.compressor.nccl_setup) if (g.kind, g.host) not in job.advised]
+        if not fresh:
+            return
+        job.advised.update((g.kind, g.host) for g in fresh)
+        self.actor.submit(Effect(job.id, None, "", advice=tuple(
+            DegradationBlock(kind=g.kind, host=g.host, line_no=g.line_no, text=g.text[:300], effect=g.effect)
+            for g in fresh)))
 
     def _scheduled_diagnosis(self, job_id: str) -> None:
         job = self._jobs.get(job_id)

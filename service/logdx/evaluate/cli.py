@@ -52,7 +52,7 @@ from logdx.pipeline import Engine
 from logdx.synth.noise import FAMILIES
 from logdx.synth.teardown import FAMILIES as TEARDOWN_FAMILIES
 
-ALL_SETS = ("excerpts", "buried", "healthy", "hangs", "divergence", "pasted", "teardown")
+ALL_SETS = ("excerpts", "buried", "healthy", "hangs", "divergence", "pasted", "teardown", "timeouts", "startup")
 
 
 def _read_log(path: str) -> bytes:
@@ -81,10 +81,10 @@ def generated_items(set_name: str, seed: int, without: frozenset[str] = frozense
 
 _DESCRIBE: dict[str, Callable[[CaseResult, list[str]], list[str]] | None] = {
     "excerpts": None, "buried": describe_burial, "healthy": describe_job, "hangs": describe_job, "divergence": describe_job,
-    "pasted": describe_job, "teardown": describe_job}
+    "pasted": describe_job, "teardown": describe_job, "timeouts": describe_job, "startup": describe_job}
 _RECORD: dict[str, Callable[[CaseResult], dict[str, object]] | None] = {
     "excerpts": None, "buried": burial_record, "healthy": job_record, "hangs": job_record, "divergence": job_record,
-    "pasted": job_record, "teardown": job_record}
+    "pasted": job_record, "teardown": job_record, "timeouts": job_record, "startup": job_record}
 
 
 def _title(set_name: str, results: list[JobResult]) -> tuple[str, str]:
@@ -96,7 +96,9 @@ def _title(set_name: str, results: list[JobResult]) -> tuple[str, str]:
             "healthy": "long healthy runs", "hangs": "hangs (silent ranks, stack dumps)",
             "divergence": "divergences and recovering spikes",
             "pasted": "short pasted excerpts that end in a fatal exception",
-            "teardown": "healthy runs with teardown noise and kernel lines past their end"}[set_name]
+            "teardown": "healthy runs with teardown noise and kernel lines past their end",
+            "timeouts": "collective timeouts, one cause class each",
+            "startup": "healthy runs whose NCCL start-up shows one degradation on one host, or none"}[set_name]
     return f"\n== {set_name}: {what} ({size}{span}) ==", size
 
 
@@ -129,6 +131,12 @@ def _breakdowns(set_name: str, results: list[JobResult], cascade: str) -> list[s
                     + ["  a fatal Xid past the end:"]
                     + breakdown_lines([r for r in results if r.truth.variant.get("late_xid")], cascade,
                                       lambda _r: "late fatal Xid", ("status",)))
+        case "timeouts":
+            return ["  by class:"] + breakdown_lines(results, cascade, lambda r: str(r.truth.variant["timeout_class"]),
+                                                     ("action", "timeout_class", "culprit"))
+        case "startup":
+            return ["  by degradation:"] + breakdown_lines(results, cascade, lambda r: str(r.truth.variant["degradation"]),
+                                                           ("status", "degradation"))
         case "pasted":
             return (["  by crash:"] + breakdown_lines(results, cascade, lambda r: str(r.truth.variant["crash"]), base)
                     + ["  by order:"] + breakdown_lines(results, cascade, lambda r: str(r.truth.variant["order"]), ("status",))
@@ -172,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
         figures = set_figures(results, cascades)
         all_figures[set_name] = figures
         title, sizes[set_name] = _title(set_name, results)
-        extra = {"hangs": ("culprit_rank", "culprit_host"), "divergence": ("step",)}.get(set_name, ())
+        extra = {"hangs": ("culprit_rank", "culprit_host"), "divergence": ("step",),
+                 "timeouts": ("timeout_class",), "startup": ("degradation",)}.get(set_name, ())
         print("\n".join(table_lines(title, figures, extra)))
         print("\n".join(_breakdowns(set_name, results, shown)))
         print("\n".join(calibration_lines(figures, shown)))

@@ -24,7 +24,7 @@ from logdx.pipeline import Engine
 _ACTION_ALIASES = {"fix_script": Action.NO_RESTART.value, "fix_config": Action.NO_RESTART.value}
 FIELDS = ("status", "category", "action", "failure_type", "root_line", "culprit")
 # Whole-job sets score more: the culprit's rank and host apart (hangs), the step a divergence began.
-JOB_FIELDS = ("culprit_rank", "culprit_host", "step")
+JOB_FIELDS = ("culprit_rank", "culprit_host", "step", "timeout_class", "degradation")
 
 
 @dataclass
