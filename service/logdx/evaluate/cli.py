@@ -40,7 +40,7 @@ from logdx.evaluate.corpus import (
     result_record,
     score_case,
 )
-from logdx.evaluate.holdout import held_out_lines, hold_out_groups, learned_decisions, without_packs
+from logdx.evaluate.holdout import held_out_lines, hold_out_groups, learned_decisions
 from logdx.evaluate.jobs import GENERATED_SETS, describe_job, job_record, label_of, score_job
 from logdx.evaluate.runner import Cascade, Item, JobResult, cascades_of, generated, run_set
 from logdx.evaluate.tables import (
@@ -226,8 +226,8 @@ def _hold_out(args: argparse.Namespace, sets: list[str], cases: list[dict], engi
     decisions: dict[str, Counter[str]] = {c.name: Counter() for c in cascades}
     out_json: dict[str, Any] = {"cascades": [c.name for c in cascades], "hold_out": {}}
     try:
-        for group, packs in groups:
-            engine.rules = engine.diagnoser.rules = without_packs(full, packs)
+        for group, held_out in groups:
+            engine.rules = engine.diagnoser.rules = held_out
             for set_name in sets:
                 items = _items(set_name, cases, args)
                 if args.only:

@@ -2,7 +2,8 @@
 
 A precise pack is one with a root-cause rule (the generic evidence rules and the symptoms' are fallbacks and
 echoes: they stay). ``each``: every precise pack held out in turn, every other in place; ``precise``: all of them
-at once; ``cuda,nccl``: those together. The learned stages stay loaded; only the engine's rules change, and
+at once (their root-cause rules: the fallbacks they carry, such as Python's by-origin one, stay, as the generic
+and symptom packs do); ``cuda,nccl``: those packs together, whole. The learned stages stay loaded; only the engine's rules change, and
 retrieval is leave-one-out as always (a case never sees its own incident).
 """
 
@@ -25,24 +26,26 @@ def precise_packs(rules: RuleSet) -> list[str]:
     return sorted({r.pack for r in rules.rules if r.role is Role.ROOT_CAUSE})
 
 
-def hold_out_groups(spec: str, rules: RuleSet) -> list[tuple[str, frozenset[str]]]:
-    """(name, packs held out) per run; raises ValueError naming a pack the rules do not have."""
+def hold_out_groups(spec: str, rules: RuleSet) -> list[tuple[str, RuleSet]]:
+    """(name, the rules without them) per run; raises ValueError naming a pack the rules do not have."""
     precise = precise_packs(rules)
     if spec == "each":
-        return [(p, frozenset({p})) for p in precise]
+        return [(p, without_packs(rules, {p})) for p in precise]
     if spec == "precise":
-        return [("precise", frozenset(precise))]
+        return [("every precise rule", without_packs(rules, precise, roles={Role.ROOT_CAUSE}))]
     packs = frozenset(p.strip() for p in spec.split(",") if p.strip())
     unknown = sorted(packs - set(rules.packs) - {r.pack for r in rules.rules})
     if unknown or not packs:
         raise ValueError(f"no rule pack named {', '.join(unknown) or '(none given)'}; precise packs: {', '.join(precise)}")
-    return [(",".join(sorted(packs)), packs)]
+    return [(",".join(sorted(packs)), without_packs(rules, packs))]
 
 
-def without_packs(rules: RuleSet, packs: Iterable[str]) -> RuleSet:
+def without_packs(rules: RuleSet, packs: Iterable[str], *, roles: set[Role] | None = None) -> RuleSet:
+    """The rule set without these packs (or only their rules of these `roles`)."""
     gone = set(packs)
-    return RuleSet([r for r in rules.rules if r.pack not in gone], rules.origin,
-                   {k: v for k, v in rules.packs.items() if k not in gone}, list(rules.files),
+    kept = [r for r in rules.rules if r.pack not in gone or (roles is not None and r.role not in roles)]
+    whole = gone if roles is None else set()
+    return RuleSet(kept, rules.origin, {k: v for k, v in rules.packs.items() if k not in whole}, list(rules.files),
                    [t for t in rules.tests if t.pack not in gone])
 
 
