@@ -32,6 +32,7 @@ import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -180,6 +181,7 @@ def _catalog_examples(per_type: int) -> list[tuple[str, str, str, str]]:
     return out
 
 
+@cache
 def _catalog_stamp() -> str:
     try:
         return hashlib.sha256(META_PATH.read_bytes()).hexdigest()[:12]
@@ -266,10 +268,10 @@ class Arbiter:
     def fitted(self, exclude_ids: Sequence[str] = ()) -> ArbiterFit | None:
         """The fit for the incidents as they are now (refit when they changed), without `exclude_ids`."""
         with self._lock:
-            ids, vecs, fingerprint = self.retriever.vectors()
-            key = hashlib.sha256(f"{_FORMAT}|{self.retriever.layout}|{fingerprint}|{_catalog_stamp()}|"
-                                 f"{self.settings.catalog_per_type}|{_L2}".encode()).hexdigest()[:16]
+            key = self._key(self.retriever.fingerprint())
             if self._fit is None or self._fit.key != key:
+                ids, vecs, fingerprint = self.retriever.vectors()  # read back only when the incidents changed
+                key = self._key(fingerprint)
                 self._held_out.clear()
                 self._fit = self._load(key) or self._compute(key, ids, vecs)
             excluded = frozenset(exclude_ids) & set(self._fit.names)
@@ -282,6 +284,10 @@ class Arbiter:
                     self._held_out.clear()
                 self._held_out[(key, excluded)] = cached
             return cached
+
+    def _key(self, fingerprint: str) -> str:
+        return hashlib.sha256(f"{_FORMAT}|{self.retriever.layout}|{fingerprint}|{_catalog_stamp()}|"
+                              f"{self.settings.catalog_per_type}|{_L2}".encode()).hexdigest()[:16]
 
     def _examples(self, ids: list[str], vecs: np.ndarray
                   ) -> tuple[list[str], np.ndarray, list[_Key], np.ndarray, list[str]]:

@@ -401,6 +401,11 @@ class Retriever:
         with self._lock:
             return self._query_vector(root, full)
 
+    def fingerprint(self) -> str:
+        """The indexed incidents' fingerprint (what the arbiter keys its fit by), re-checked as a search would."""
+        with self._lock:
+            return self._ensure().fingerprint
+
     def vectors(self) -> tuple[list[str], np.ndarray, str]:
         """Every indexed incident's vector (ids in index order, n x 2*dim) and the incidents' fingerprint: what
         the arbiter (arbiter.py) fits on, without embedding anything again."""
