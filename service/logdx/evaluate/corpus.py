@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from logdx.act.report import Report
+from logdx.jobinput.read import diagnose_paths
 from logdx.model import Action
 from logdx.pipeline import Engine
 
@@ -115,7 +116,9 @@ def evaluate(cases: list[dict], engine: Engine, *, leave_one_out: bool = True) -
         if leave_one_out:
             engine.diagnoser.exclude_incidents = tuple(same_incidents(engine, label))
         t0 = time.perf_counter()
-        report, _ = engine.diagnose_path(label["_log"])
+        # As `diagnose FILE` reads it (its format sniffed, the year of stamps without one from its first full
+        # stamp or its file's time), not a bare line feed: measured as users send logs.
+        report = diagnose_paths(engine, [str(label["_log"])]).report
         result = CaseResult(label["id"], label, report, seconds=time.perf_counter() - t0)
         result.correct = score_case(label, report)
         results.append(result)
