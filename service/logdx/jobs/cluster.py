@@ -1,7 +1,7 @@
 """Jobs when several replicas run (`bus.url` + `store.url`): the `Coordinator` with
 the line bus instead of the spool files and partitions owned by one worker at a time.
 
-Ingestion (`api/bus_ingest.py`): uploads are published to the job's partition of the line bus.
+Ingestion (`jobs/bus_ingest.py`): uploads are published to the job's partition of the line bus.
 
 Diagnosis (role `worker` or `all`): the coordinator thread heartbeats, renews its partitions' leases
 and claims free ones up to its fair share (`logdx.bus.ownership`). Each owned partition has a thread
@@ -48,20 +48,20 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from logdx.act.report import Report
-from logdx.api.bus_ingest import BusIngest
-from logdx.api.errors import ApiError
-from logdx.api.ingest import CpuBudget
-from logdx.api.jobstate import IngestRequest, Job, summary_dict, templates_snapshot
-from logdx.api.partitions import PartitionWorker, gap_note
 from logdx.bus.base import BusError, BusUsage, LineBus
 from logdx.bus.ownership import WORKER_ROLES, Claim, Ownership, SavedJob
 from logdx.bus.records import partition_of
+from logdx.jobs.budget import CpuBudget
+from logdx.jobs.bus_ingest import BusIngest
+from logdx.jobs.jobstate import IngestRequest, Job, summary_dict, templates_snapshot
+from logdx.jobs.partitions import PartitionWorker, gap_note
 from logdx.normalize import Source
 from logdx.pipeline import Session
 from logdx.store_base import StoreError
+from logdx.wire.errors import ApiError
 
 if TYPE_CHECKING:
-    from logdx.api.jobs import JobManager
+    from logdx.jobs.manager import JobManager
 
 log = logging.getLogger("logdx.cluster")
 
@@ -452,7 +452,7 @@ class ClusterCoordinator:
     def forgotten(self, job_id: str) -> None:
         self.own.forget_job_entirely(job_id)
 
-    # -- ingestion (any ingest replica): api/bus_ingest.py -----------------------------------------
+    # -- ingestion (any ingest replica): jobs/bus_ingest.py -----------------------------------------
 
     def spool_runs(self, job: Job, req: IngestRequest, runs: list[tuple[Source, list[bytes]]], lines: int) -> None:
         self.ingest.spool_runs(job, req, runs, lines)

@@ -19,16 +19,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from logdx.act.report import Report
-from logdx.api.errors import ApiError
-from logdx.api.ingest import CpuBudget
-from logdx.api.jobstate import IngestRequest, Job
-from logdx.api.spool import DATA, END, Commit, InstanceLock, Spool, encode_runs
+from logdx.jobs.budget import CpuBudget
+from logdx.jobs.jobstate import IngestRequest, Job
+from logdx.jobs.spool import DATA, END, Commit, InstanceLock, Spool, encode_runs
 from logdx.normalize import Source
 from logdx.pipeline import Session
 from logdx.store_base import StoreError
+from logdx.wire.errors import ApiError
 
 if TYPE_CHECKING:
-    from logdx.api.jobs import JobManager
+    from logdx.jobs.manager import JobManager
 
 log = logging.getLogger("logdx.api")
 

@@ -9,11 +9,11 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from logdx.api.background import Timer
-from logdx.api.jobstate import Job
+from logdx.jobs.background import Timer
+from logdx.jobs.jobstate import Job
 
 if TYPE_CHECKING:
-    from logdx.api.jobs import JobManager
+    from logdx.jobs.manager import JobManager
 
 log = logging.getLogger("logdx.api")
 

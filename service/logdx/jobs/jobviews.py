@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from logdx.api.jobstate import Job, summary_dict, template_dict
+from logdx.jobs.jobstate import Job, summary_dict, template_dict
 from logdx.pipeline import Session
 
 if TYPE_CHECKING:
-    from logdx.api.jobs import JobManager
+    from logdx.jobs.manager import JobManager
 
 
 def _view(jobs: JobManager, job: Job) -> tuple[dict[str, Any], dict[str, Any] | None, bool | None, int]:

@@ -10,17 +10,17 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from logdx.api.errors import ApiError
-from logdx.api.jobstate import Job
-from logdx.api.spool import decode_runs
 from logdx.bus.base import BusError, PartitionReader
 from logdx.bus.ownership import Claim
 from logdx.bus.records import DATA, END, FIN, BusRecord
+from logdx.jobs.jobstate import Job
+from logdx.jobs.spool import decode_runs
 from logdx.pipeline import Session, SnapshotError
 from logdx.store_base import StoreError
+from logdx.wire.errors import ApiError
 
 if TYPE_CHECKING:
-    from logdx.api.jobs_cluster import ClusterCoordinator
+    from logdx.jobs.cluster import ClusterCoordinator
 
 log = logging.getLogger("logdx.cluster")
 
