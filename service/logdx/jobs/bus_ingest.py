@@ -15,7 +15,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from logdx.act.report import Report
 from logdx.bus.base import BusError, BusFull, LineBus
@@ -23,13 +23,11 @@ from logdx.bus.ownership import Ownership
 from logdx.bus.records import DATA, END, FIN, BusRecord
 from logdx.jobs.budget import CpuBudget
 from logdx.jobs.jobstate import IngestRequest, Job
+from logdx.jobs.ports import CoordinatedJobs
 from logdx.jobs.spool import encode_runs
 from logdx.normalize import Source
 from logdx.store_base import StoreError
 from logdx.wire.errors import ApiError
-
-if TYPE_CHECKING:
-    from logdx.jobs.manager import JobManager
 
 log = logging.getLogger("logdx.cluster")
 
@@ -40,7 +38,7 @@ _ABORTS_KEPT = 10_000  # requests whose aborting END waits for the bus to come b
 class BusIngest:
     """Publishes uploads and `/end` to the line bus (`ClusterCoordinator`'s ingestion side)."""
 
-    def __init__(self, jobs: JobManager, bus: LineBus, ownership: Ownership,
+    def __init__(self, jobs: CoordinatedJobs, bus: LineBus, ownership: Ownership,
                  warn: Callable[..., None]) -> None:
         self.jobs = jobs
         self.settings = jobs.settings

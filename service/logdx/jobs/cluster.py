@@ -45,7 +45,7 @@ import json
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from logdx.act.report import Report
 from logdx.bus.base import BusError, BusUsage, LineBus
@@ -55,13 +55,11 @@ from logdx.jobs.budget import CpuBudget
 from logdx.jobs.bus_ingest import BusIngest
 from logdx.jobs.jobstate import IngestRequest, Job, summary_dict, templates_snapshot
 from logdx.jobs.partitions import PartitionWorker, gap_note
+from logdx.jobs.ports import CoordinatedJobs
 from logdx.normalize import Source
 from logdx.pipeline import Session
 from logdx.store_base import StoreError
 from logdx.wire.errors import ApiError
-
-if TYPE_CHECKING:
-    from logdx.jobs.manager import JobManager
 
 log = logging.getLogger("logdx.cluster")
 
@@ -76,7 +74,7 @@ class ClusterCoordinator:
 
     queues_until_ready = False
 
-    def __init__(self, jobs: JobManager, bus: LineBus, ownership: Ownership) -> None:
+    def __init__(self, jobs: CoordinatedJobs, bus: LineBus, ownership: Ownership) -> None:
         self.jobs = jobs
         self.settings = settings = jobs.settings
         self.db = jobs.db
