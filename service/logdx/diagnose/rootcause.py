@@ -109,7 +109,9 @@ def find_root_cause(
     recovered = [f for f in everything if f.survived and f.hit.role is not Role.SYMPTOM]
     winner, role = _choose(findings, summary)
     if winner is not None and role is Role.ROOT_CAUSE:
-        winner = taken_by_another_process(_detailed_by_nccl(winner, events), findings)
+        winner = _detailed_by_nccl(winner, events)
+        if (taken := taken_by_another_process(winner, findings)) is not None:
+            winner = replace(winner, hit=taken)
     winner, role, att = _hang(winner, role, findings, dumps, summary)
     stuck = _stuck_in_a_hang(winner, dumps, summary)
     if stuck:
