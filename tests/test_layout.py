@@ -139,7 +139,6 @@ def test_find_cycle_finds_one():
 # become a Protocol of what it uses (as jobs/ports.py, culprit.Finding, model.TimeoutFacts did). The list
 # only shrinks: an edge that is gone, or that is a run-time import, fails the test below.
 KNOWN_ANNOTATION_CIRCLES = {
-    ("logdx.diagnose.timeouts", "logdx.diagnose.rootcause"),  # Finding: culprit.Finding has what it reads
     ("logdx.synth.job", "logdx.synth.flavours"),  # Flavour
     ("logdx.synth.job", "logdx.synth.noise"),  # Realism
 }

@@ -118,7 +118,8 @@ def find_root_cause(
         att = with_stuck(att, stuck, findings)
     timeout = classify(winner, role, findings, summary)
     if timeout is not None and winner is not None and (changed := relabel(winner, role, timeout, att, summary)):
-        winner, role, att = changed
+        winner = replace(winner, hit=changed.hit, ranks=changed.ranks, hosts=changed.hosts)
+        role, att = changed.role, changed.attribution
     att = verify_hosts(att, summary)
     vote = _vote(winner, findings)
     vote.evidence += [Evidence(line_no=p.event.line_no, text=_clip(p.event.anchor.raw), source="detect:process_state")

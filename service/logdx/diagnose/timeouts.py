@@ -25,15 +25,14 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from logdx.diagnose.culprit import Finding as AttributedFinding
 from logdx.diagnose.culprit import hang_culprit
+from logdx.diagnose.rules.compiled import RuleHit
 from logdx.hosts import clean_hostname
 from logdx.model import FT, Attribution, Category, CompressionSummary, Label, Role, Severity
 from logdx.taxonomy import TimeoutClass, category_of, is_hardware, timeout_class
-
-if TYPE_CHECKING:
-    from logdx.diagnose.rootcause import Finding
 
 __all__ = ["TimeoutVerdict", "WorkSeen", "classify", "note_work", "relabel"]
 
@@ -79,6 +78,25 @@ class WorkSeen:
         if self.op and self.op.lstrip("_").startswith(_SIZES_MAY_DIFFER):
             return self.op, None, None
         return self.op, self.numel_in, self.numel_out
+
+
+class Finding(AttributedFinding, Protocol):
+    """What the timeout reading takes of a finding (`rootcause.Finding`, whose module imports this one): what
+    the attribution reads, and each watchdog's work."""
+
+    @property
+    def works(self) -> dict[tuple[str, int], WorkSeen]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Relabelled:
+    """The winner's new hit and culprits, for `rootcause` to put on its finding."""
+
+    hit: RuleHit
+    ranks: set[int]
+    hosts: set[str]
+    role: Role
+    attribution: Attribution
 
 
 def note_work(works: dict[tuple[str, int], WorkSeen], rank: int, text: str, line_no: int) -> None:
@@ -435,7 +453,7 @@ def _clip(text: str, limit: int = 160) -> str:
 
 
 def relabel(winner: Finding, role: Role | None, verdict: TimeoutVerdict, att: Attribution,
-            summary: CompressionSummary) -> tuple[Finding, Role, Attribution] | None:
+            summary: CompressionSummary) -> Relabelled | None:
     """A timeout verdict whose cause is the code's or the config's takes the class's label and action, and its
     culprit ranks; nothing to cordon. None: the verdict stands (a precise root cause, or a class without a label)."""
     spec = verdict.spec
@@ -454,4 +472,4 @@ def relabel(winner: Finding, role: Role | None, verdict: TimeoutVerdict, att: At
                           basis=f"the timeout's cause ({verdict.cause}): " + "; ".join(verdict.evidence[:1]),
                           notes=[f"no node to blame: {spec.title}"])
     verdict.decided = True
-    return replace(winner, hit=hit, ranks=set(ranks), hosts=set(new_att.hosts)), Role.ROOT_CAUSE, new_att
+    return Relabelled(hit=hit, ranks=set(ranks), hosts=set(new_att.hosts), role=Role.ROOT_CAUSE, attribution=new_att)
