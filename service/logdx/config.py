@@ -183,6 +183,9 @@ class LLMSettings(Section):
         60.0, gt=0, description="openai: from the request to the reply's first token (a cold server loads its model "
         "then: 40 s is common on first use)")
     timeout_s: float = Field(30.0, gt=0, description="openai: for the rest of the reply, after its first token")
+    server_max_confidence: float = Field(
+        0.7, ge=0, le=1, description="openai: the server's self-reported confidence is capped at this (it is not "
+        "calibrated; below the action's threshold alone)")
     warmup_timeout_s: float = Field(
         300.0, ge=0, description="openai: `logdx serve` (and `logdx mcp`) send one tiny request at start, so a cold "
         "server loads its model then, not during the first diagnosis; 0: no warm-up")
