@@ -19,6 +19,9 @@ from logdx.pipeline import Engine
 from logdx.store import open_db
 from logdx.testing import cpu_seconds, diagnose_lines
 
+# They load the embedding model and fit over the real seed incidents (a minute of CPU): not the fast lane.
+pytestmark = pytest.mark.integration
+
 
 def ctx_of(root: str, *nearby: str) -> FailureContext:
     return FailureContext(root_text=root, root_masked=mask_text(root), templates=[mask_text(n) for n in nearby],
