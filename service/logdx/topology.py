@@ -111,6 +111,8 @@ class Topology:
         summary.launcher_hosts = sorted(set(self._srun_tasks.values()))
 
     def note_origin(self, rank: int | None, host: str | None, stats: TemplateStats) -> None:
+        """A line's rank and host (its prefix's), on every line that has one: the job's ranks and hosts, and
+        who printed the line's template (`stats`)."""
         cap = self.config.max_ids_per_template
         if rank is not None:
             if rank > self._max_rank:
