@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from logdx.api.auth import Authenticator
-from logdx.api.errors import ApiError
+from logdx.access.auth import Authenticator
 from logdx.api.ingest import Decoder
-from logdx.api.limits import TokenBucket, check_job_id, is_loopback
-from logdx.api.spool import DATA, END, InstanceLock, Spool, decode_runs, encode_runs
 from logdx.config import ServerSettings
 from logdx.formats import Batch, FormatError, Meta, choose
 from logdx.formats.fields import parse_ts
 from logdx.formats.records import RecordsParser
 from logdx.formats.text import TextParser
+from logdx.jobs.limits import TokenBucket, check_job_id, is_loopback
+from logdx.jobs.spool import DATA, END, InstanceLock, Spool, decode_runs, encode_runs
 from logdx.normalize import Source
+from logdx.wire.errors import ApiError
 
 
 def _lines(batches: list[Batch]) -> list[tuple[Source, bytes]]:

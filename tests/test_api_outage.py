@@ -8,8 +8,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from logdx.api.errors import CatchAllMiddleware, install_error_handlers
-from logdx.api.jobs_cluster import gap_note
 from logdx.bus.base import BusError, BusFull, BusUsage
+from logdx.jobs.cluster import gap_note
 from logdx.store_base import StoreError
 
 

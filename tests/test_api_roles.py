@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from api_server import LoopbackApp
-from logdx.api.auth import token_digest
+from logdx.access.auth import token_digest
 from logdx.config import ConfigError, Settings, load_settings
 from logdx.pipeline import Engine
 

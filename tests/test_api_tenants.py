@@ -24,8 +24,8 @@ import yaml
 
 from api_server import LoopbackApp
 from conftest import postgres_schema
+from logdx.access.auth import token_digest
 from logdx.act.actuators import NodeName
-from logdx.api.auth import token_digest
 from logdx.config import Settings
 from logdx.pipeline import Engine
 from logdx.testing import wait_until

@@ -6,9 +6,9 @@ import io
 
 import pytest
 
-from logdx.api.bus_ingest import _pieces
 from logdx.bus.records import DATA, END, BusRecord, Names, decode, encode, partition_of
 from logdx.config import load_settings
+from logdx.jobs.bus_ingest import _pieces
 from logdx.normalize import Source
 from logdx.pipeline import Session, SnapshotError
 

@@ -14,6 +14,8 @@ import pytest
 from llm_server import ChatServer
 from logdx.config import load_settings
 from logdx.diagnose.llm import make_llm
+from logdx.incidents import Incident
+from logdx.model import Action, Category
 from logdx.pipeline import Engine
 
 SCRIPT_BUG = [
@@ -34,7 +36,15 @@ VENDOR_ERROR = [
 ]
 
 
-def engine_with(server: ChatServer | None = None, *, always: bool = False) -> Engine:
+# A past incident near the vendor error (retrieval off: handed to the LLM as its few-shot example, the near
+# miss that proposes its label).
+STALE_MOUNT = Incident("inc-stale", "OSError: [Errno 116] Stale file handle: '/mnt/lustre/data/shard-0007'",
+                       "OSError: [Errno <*>] Stale file handle: <*>", [], Category.INFRASTRUCTURE, "storage_error",
+                       Action.RESTART)
+
+
+def engine_with(server: ChatServer | None = None, *, always: bool = False,
+                near: tuple[Incident, ...] = ()) -> Engine:
     s = load_settings(env={})
     s.retrieval.enabled = False
     s.llm.enabled = False
@@ -43,7 +53,7 @@ def engine_with(server: ChatServer | None = None, *, always: bool = False) -> En
     if server is not None:
         llm_settings = s.llm.model_copy(update={"enabled": True, "backend": "openai", "base_url": server.base_url,
                                                 "model": "test", "timeout_s": 5.0})
-        engine.diagnoser.llm = make_llm(llm_settings)
+        engine.diagnoser.llm = make_llm(llm_settings, examples=lambda ctx, exclude: list(near))
     return engine
 
 
@@ -69,12 +79,13 @@ def test_an_llm_that_says_anything_cannot_overturn_a_precise_rule(server):
     report = diagnose(engine_with(server, always=True), SCRIPT_BUG)
     assert (report.category, report.failure_type, report.action) == ("script", "name_error", "no_restart")
     assert report.culprits.hosts == []
-    assert any("the precise rule stands" in n for n in report.notes)
+    # Its label is one no evidence proposed: it abstains (and had it not, the precise rule would stand).
+    assert any("llm abstains" in n or "the precise rule stands" in n for n in report.notes)
 
 
 def test_where_the_rules_do_not_decide_the_llm_fills_in(server):
     server.script[:] = [("reply", answer("infrastructure", "storage_error", "restart"))]
-    report = diagnose(engine_with(server), VENDOR_ERROR)
+    report = diagnose(engine_with(server, near=(STALE_MOUNT,)), VENDOR_ERROR)
     # The label is the model's; the action it implies is not: no rule or past incident says restart.
     assert (report.category, report.failure_type, report.action) == ("infrastructure", "storage_error", "no_restart")
     assert report.decided_by == "llm"

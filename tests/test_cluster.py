@@ -107,7 +107,7 @@ def test_acknowledged_lines_count_once_per_key_and_a_reset_forgets_positions(pg_
         own.acknowledged("job-a", 40, "key-1", {"accepted_lines": 40})  # a retry whose first try got in
         own.acknowledged("job-a", 7, None, {"accepted_lines": 7})
         assert own.acked_lines("job-a") == 47 and own.committed_upload("job-a", "key-1") == {"accepted_lines": 40}
-        from logdx.api.jobs import COMPONENT, MIGRATIONS, PG_MIGRATIONS
+        from logdx.jobs.manager import COMPONENT, MIGRATIONS, PG_MIGRATIONS
         from logdx.store import migrate
 
         migrate(db, COMPONENT, MIGRATIONS, postgres=PG_MIGRATIONS)  # the jobs' own table, as the service has it

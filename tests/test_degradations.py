@@ -4,12 +4,15 @@ an action; the same in the CLI and the service."""
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Iterator
 
 import pytest
 
-from api_server import Server
-from logdx.testing import diagnose_lines
+from api_server import Receiver, Server, start_receiver
+from logdx.synth.startup import startup_job
+from logdx.testing import diagnose_lines, wait_until
 
 HOSTS = ("gpu-a100-011", "gpu-a100-012", "gpu-a100-013", "gpu-a100-014")
 PER_HOST = 4
@@ -102,3 +105,87 @@ def test_the_job_page_names_the_degraded_host_as_advice(engine) -> None:
     clean.feed_lines(startup())
     page = render_job_page(build_view("clean", clean.report(), clean), Done(served=False), inline=True)
     assert '<section id="degradations"' not in page
+
+
+# -- the streaming service's advice (issue 31: alert once as advice, no action, while the job runs) -------------
+
+
+@pytest.fixture(scope="module")
+def advising(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Receiver]]:
+    rx = start_receiver()
+    srv = Server(tmp_path_factory.mktemp("advice"), receiver=rx).start()
+    yield srv, rx
+    srv.stop()
+    rx.close()
+
+
+def _advice(rx: Receiver) -> list[dict]:
+    return [body for r in rx.of("/hook") if (body := json.loads(r.body))["type"] == "logdx.advice"]
+
+
+def test_the_service_advises_once_per_kind_and_host_while_the_job_runs(advising: tuple[Server, Receiver]) -> None:
+    srv, rx = advising
+    buf = io.StringIO()
+    truth = startup_job(buf, seed=5, flavour="megatron", style="pdsh_torchrun", ranks=32, lines=2500,
+                        degradation="fewer_channels")
+    lines = buf.getvalue().splitlines()
+    cut = next(i for i, line in enumerate(lines) if "Init COMPLETE" in line) + 40 * 32  # the start-up, and a little
+    with srv.client() as c:
+        for part in (lines[:cut // 2], lines[cut // 2:cut]):  # two uploads while the job runs
+            assert c.post("/v1/jobs/advice-job/logs", content="\n".join(part).encode() + b"\n").status_code == 200
+        got = rx.wait_for("/hook")  # arrives while the job is still open: no end was sent
+        advice = [b for b in _advice(rx) if b["data"]["job_id"] == "advice-job"]
+        assert len(advice) == 1, [json.loads(r.body)["type"] for r in got]
+        named = [(g["kind"], g["host"]) for g in advice[0]["data"]["degradations"]]
+        assert named == [("fewer_channels", truth.variant["degraded_host"])]
+        assert advice[0]["data"]["recommended"].startswith("none")
+        # The same start-up again (a re-sent upload, a restarted shipper) and the rest of the job: no second advice.
+        assert c.post("/v1/jobs/advice-job/logs", content="\n".join(lines[:cut]).encode() + b"\n").status_code == 200
+        assert c.post("/v1/jobs/advice-job/logs", content="\n".join(lines[cut:]).encode() + b"\n").status_code == 200
+        report = c.post("/v1/jobs/advice-job/end", json={"exit_code": 0}).json()
+    assert report["status"] == "healthy" and report["action"] == "none"
+    assert [(g["kind"], g["host"]) for g in report["degradations"]] == named
+    assert len([b for b in _advice(rx) if b["data"]["job_id"] == "advice-job"]) == 1
+    assert not [r for r in rx.of("/hook") if json.loads(r.body)["type"] == "logdx.diagnosis"
+                and json.loads(r.body)["data"]["job_id"] == "advice-job"]
+
+
+def test_a_clean_start_up_sends_no_advice(advising: tuple[Server, Receiver]) -> None:
+    srv, rx = advising
+    buf = io.StringIO()
+    startup_job(buf, seed=6, flavour="plain", style="pdsh_torchrun", ranks=24, lines=1500, gpus_per_host=8)
+    with srv.client() as c:
+        assert c.post("/v1/jobs/clean-job/logs", content=buf.getvalue().encode()).status_code == 200
+        c.post("/v1/jobs/clean-job/end", json={"exit_code": 0})
+        # A job with a degradation after it: its advice arriving says the clean job's would have come by now.
+        other = io.StringIO()
+        startup_job(other, seed=7, flavour="plain", style="pdsh_torchrun", ranks=24, lines=1500,
+                    degradation="nccl_version_differs")
+        assert c.post("/v1/jobs/marker-job/logs", content=other.getvalue().encode()).status_code == 200
+    wait_until(lambda: any(b["data"]["job_id"] == "marker-job" for b in _advice(rx)), "the marker job's advice")
+    assert not [b for b in _advice(rx) if b["data"]["job_id"] == "clean-job"]
+
+
+@pytest.mark.parametrize("kind", ["bootstrap_interface", "fewer_channels", "nccl_version_differs",
+                                  "driver_version_differs"])
+def test_one_host_that_differs_from_the_agreeing_others_is_named(engine, kind: str) -> None:
+    buf = io.StringIO()
+    truth = startup_job(buf, seed=21, flavour="plain", style="srun", ranks=32, lines=1800, degradation=kind,
+                        gpus_per_host=8)
+    report = diagnose_lines(engine, buf.getvalue().splitlines(), 0)
+    assert [(g.kind, g.host) for g in report.degradations] == [(kind, truth.variant["degraded_host"])]
+    assert report.status == "healthy" and report.action == "none"
+    assert str(report.degradations[0].line_no) and report.degradations[0].text in buf.getvalue()
+
+
+def test_two_hosts_that_disagree_name_neither() -> None:
+    from logdx.diagnose.degradations import degradations_in
+
+    def words(version: str, channels: str) -> dict[str, tuple[str, int, str]]:
+        return {"version": (version, 1, f"NCCL INFO NCCL version {version}"),
+                "channels": (channels, 2, f"NCCL INFO {channels} coll channels, ...")}
+
+    assert degradations_in({"a": words("2.21.5+cuda12.4", "32"), "b": words("2.18.1+cuda12.1", "16")}) == []
+    # Three hosts, two agreeing: the third is named; a host with more channels than the others is not a degradation.
+    three = {"a": words("2.21.5+cuda12.4", "32"), "b": words("2.21.5+cuda12.4", "32"), "c": words("2.18.1+cuda12.1", "64")}
+    assert [(g.kind, g.host) for g in degradations_in(three)] == [("nccl_version_differs", "c")]

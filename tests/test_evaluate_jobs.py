@@ -50,7 +50,7 @@ def test_a_hang_culprit_must_be_named_alone_with_its_host() -> None:
 
 def test_a_healthy_job_is_scored_on_its_status_only() -> None:
     ok = JobTruth(kind="healthy", status="healthy", category=None, failure_type=None, action="none", exit_code=0)
-    assert score_job(ok, _report("healthy")) == {"status": True, **dict.fromkeys(("category", "action", "failure_type", "root_line", "culprit", "culprit_rank", "culprit_host", "step"))}
+    assert score_job(ok, _report("healthy")) == {"status": True, **dict.fromkeys(("category", "action", "failure_type", "root_line", "culprit", "culprit_rank", "culprit_host", "step", "timeout_class", "degradation"))}
     assert score_job(ok, _report("failed"))["status"] is False
 
 
@@ -202,3 +202,20 @@ def test_the_gate_names_every_column_where_the_default_cascade_is_worse_than_rul
             "hangs": {"rules": figures(culprit=4), "default": figures(culprit=5)},
             "healthy": {"rules": figures()}}  # rules only (--quick): nothing to compare
     assert regressions(sets) == ["excerpts action: default 9/12 < rules 10/12"]
+
+
+def test_the_command_line_holds_rule_packs_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--hold-out: the same cases with a precise pack gone, its table and JSON under the pack's name."""
+    out = tmp_path / "figures.json"
+    folder = _folder(tmp_path)
+    assert main([str(folder), "--sets", "excerpts", "--quick", "--misses", "0", "--json", str(out)]) == 0
+    with_all = json.loads(out.read_text())["sets"]["excerpts"]["runs"][0]["rules"]
+    assert with_all["correct"]["failure_type"] is True and with_all["got"]["decided_by"] == "rules"
+    capsys.readouterr()
+    assert main([str(folder), "--sets", "excerpts", "--quick", "--hold-out", "python", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "held out: python ==" in printed and "== packs held out" in printed
+    held = json.loads(out.read_text())["hold_out"]["excerpts without python"]["runs"][0]["rules"]
+    assert set(held["correct"]) >= {"category", "action", "failure_type"} and held["got"]["status"] == "failed"
+    assert main([str(folder), "--sets", "excerpts", "--quick", "--hold-out", "nonsense"]) == 2
+    assert "no rule pack named nonsense" in capsys.readouterr().err

@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
-from logdx.api.errors import ApiError
 from logdx.api.ingest import Decoder
 from logdx.formats import FORMATS, FormatError, Meta
 from logdx.formats.codecs import CodecError, inflater, zstd
 from logdx.formats.loki import PushRequest
+from logdx.wire.errors import ApiError
 
 pytestmark = pytest.mark.slow  # bounded by example counts; in `make test`, not `make test-fast`
 FUZZ_EXAMPLES = int(os.environ.get("LOGDX_FUZZ_EXAMPLES", "200"))

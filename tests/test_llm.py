@@ -23,7 +23,7 @@ from logdx.diagnose.llm import (
     neutralize,
     render_explanation,
 )
-from logdx.diagnose.llm.labels import proposed_labels
+from logdx.diagnose.llm.labels import proposed_labels, query_lines
 from logdx.diagnose.llm.openai import reply_schema
 from logdx.incidents import Incident, mask_text
 from logdx.model import Action, Category, FailureContext, Label, StageVote
@@ -54,6 +54,10 @@ EXAMPLES = [
              note="drain node, RMA GPU"),
     incident("seed-b", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "framework", "cuda_oom"),
 ]
+
+# What the rules proposed in most of the tests of the server's replies: a learned stage's answer counts only
+# when some evidence proposed it (see test_the_server_abstains_on_a_label_no_evidence_proposed).
+PROPOSED = [StageVote("rules", [(make_label("infrastructure", "ecc_error"), 0.6)])]
 
 # --- prompts ---------------------------------------------------------------------------------------
 
@@ -241,7 +245,7 @@ def test_valid_answer(chat, server):
     assert vote.source == "llm" and vote.note is None
     (label, conf), = vote.scores
     assert (label.category, label.failure_type, label.action) == (Category.INFRASTRUCTURE, "ecc_error", Action.CORDON_AND_RESTART)
-    assert conf == 0.93 and vote.explanation.startswith("Uncorrectable ECC")
+    assert conf == 0.7 and vote.explanation.startswith("Uncorrectable ECC")  # it said 0.93: capped (llm.server_max_confidence)
     assert vote.evidence[0].text == ECC_CTX.root_text and vote.evidence[0].source == "llm:openai"
     req = server.requests[0]
     assert req["headers"]["authorization"] == "Bearer sk-test"
@@ -255,18 +259,19 @@ def test_valid_answer(chat, server):
 
 def test_json_inside_a_code_fence_is_accepted(chat, server):
     server.script.append(("reply", "Here you go:\n```json\n" + json.dumps(VALID) + "\n```"))
-    assert chat.vote(ECC_CTX).scores[0][0].failure_type == "ecc_error"
+    assert chat.vote(ECC_CTX, prior_votes=PROPOSED).scores[0][0].failure_type == "ecc_error"
 
 
 def test_missing_action_is_derived(chat, server):
     server.script.append(("reply", json.dumps({**VALID, "category": "script", "failure_type": "key_error", "action": None})))
-    label = chat.vote(ECC_CTX).scores[0][0]
+    proposed = [StageVote("rules", [(make_label("script", "key_error"), 0.5)])]
+    label = chat.vote(ECC_CTX, prior_votes=proposed).scores[0][0]
     assert label.action is Action.NO_RESTART
 
 
 def test_invalid_then_valid_retries_once(chat, server):
     server.script += [("reply", "The job failed because of the GPU, I think."), ("reply", json.dumps(VALID))]
-    vote = chat.vote(ECC_CTX)
+    vote = chat.vote(ECC_CTX, prior_votes=PROPOSED)
     assert vote.scores[0][0].failure_type == "ecc_error" and vote.note is None
     assert chat.attempts == 2
     retry_messages = server.requests[1]["body"]["messages"]
@@ -276,14 +281,14 @@ def test_invalid_then_valid_retries_once(chat, server):
 
 def test_non_canonical_label_is_invalid(chat, server):
     server.script += [("reply", json.dumps({**VALID, "failure_type": "gpu_melted"})), ("reply", json.dumps(VALID))]
-    assert chat.vote(ECC_CTX).scores[0][0].failure_type == "ecc_error"
+    assert chat.vote(ECC_CTX, prior_votes=PROPOSED).scores[0][0].failure_type == "ecc_error"
     assert "gpu_melted" in server.requests[1]["body"]["messages"][-1]["content"]
 
 
 def test_invalid_twice_gives_up(chat, server):
     bad_conf = json.dumps({**VALID, "confidence": 7})
     server.script += [("reply", "{not json"), ("reply", bad_conf), ("reply", json.dumps(VALID))]
-    vote = chat.vote(ECC_CTX)
+    vote = chat.vote(ECC_CTX, prior_votes=PROPOSED)
     assert vote.scores == [] and chat.attempts == 2 and len(server.requests) == 2
     assert vote.note.startswith("llm unavailable: invalid reply twice (confidence:")
     assert vote.note.endswith("; fell back to rules + retrieval")
@@ -292,7 +297,7 @@ def test_invalid_twice_gives_up(chat, server):
 def test_timeout(chat, server):
     # The answer would come after 30 s, and be valid: only the client's 2 s timeout makes this vote empty.
     server.script.append(("sleep", 30.0))
-    vote = chat.vote(ECC_CTX)
+    vote = chat.vote(ECC_CTX, prior_votes=PROPOSED)
     assert vote.scores == [] and vote.note.startswith("llm unavailable: no first token within 2s from ")
     assert "llm.first_token_timeout_s" in vote.note
     assert len(server.requests) == 1  # a timeout is not retried: it would only double the wait
@@ -304,18 +309,18 @@ def test_a_reply_that_keeps_trickling_is_cut_at_its_own_budget(stub):
     server.script.append(("slow", (json.dumps(VALID), 0.2)))
     client = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m",
                                                 first_token_timeout_s=30, timeout_s=0.5))
-    vote = client.vote(ECC_CTX)
+    vote = client.vote(ECC_CTX, prior_votes=PROPOSED)
     assert vote.scores == [] and "did not finish within 0.5s of its first token (llm.timeout_s)" in vote.note
     server.script.append(("slow", (json.dumps(VALID), 0.01)))
     patient = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m", timeout_s=30))
-    assert patient.vote(ECC_CTX).scores[0][0].failure_type == "ecc_error"
+    assert patient.vote(ECC_CTX, prior_votes=PROPOSED).scores[0][0].failure_type == "ecc_error"
     client.close()
     patient.close()
 
 
 def test_a_server_that_does_not_stream_is_read_whole(chat, server):
     server.script.append(("whole", json.dumps(VALID)))
-    assert chat.vote(ECC_CTX).scores[0][0].failure_type == "ecc_error"
+    assert chat.vote(ECC_CTX, prior_votes=PROPOSED).scores[0][0].failure_type == "ecc_error"
 
 
 def test_the_reply_schema_is_the_taxonomy_and_accepts_what_logdx_accepts():
@@ -338,26 +343,26 @@ def test_auto_falls_back_where_the_server_refuses_json_schema_and_keeps_what_wor
     server = stub
     server.refuse = {"json_schema"}
     client = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m"))
-    assert client.vote(ECC_CTX).scores[0][0].failure_type == "ecc_error"
+    assert client.vote(ECC_CTX, prior_votes=PROPOSED).scores[0][0].failure_type == "ecc_error"
     sent = [r["body"].get("response_format") for r in server.requests]
     assert [f["type"] for f in sent] == ["json_schema", "json_object"]
     assert sent[1]["schema"] == reply_schema()  # llama-cpp-python reads the schema there
     assert client.response_format == "json_object_schema"
     server.requests.clear()
-    client.vote(ECC_CTX)
+    client.vote(ECC_CTX, prior_votes=PROPOSED)
     assert [r["body"]["response_format"]["type"] for r in server.requests] == ["json_object"]
     client.close()
     # Refusing every format: the prompt alone.
     server.refuse = {"json_schema", "json_object"}
     server.requests.clear()
     bare = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m"))
-    assert bare.vote(ECC_CTX).scores and bare.response_format == "none"
+    assert bare.vote(ECC_CTX, prior_votes=PROPOSED).scores and bare.response_format == "none"
     assert "response_format" not in server.requests[-1]["body"] and len(server.requests) == 4
     bare.close()
     # A format set outright is not second-guessed: refused, the stage says why.
     fixed = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m",
                                                response_format="json_schema"))
-    vote = fixed.vote(ECC_CTX)
+    vote = fixed.vote(ECC_CTX, prior_votes=PROPOSED)
     assert vote.scores == [] and vote.note.startswith("llm unavailable: HTTP 400 from ")
     fixed.close()
 
@@ -374,7 +379,7 @@ def test_warm_up_loads_the_server_and_settles_the_format_before_the_first_diagno
     assert warm["max_tokens"] == 1 and warm["messages"][0]["content"] == client._system()
     assert client.load() is None  # once
     server.requests.clear()
-    assert client.vote(ECC_CTX).scores and len(server.requests) == 1
+    assert client.vote(ECC_CTX, prior_votes=PROPOSED).scores and len(server.requests) == 1
     client.close()
     server.script.append(("status", 503))
     down = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m"))
@@ -388,14 +393,14 @@ def test_warm_up_loads_the_server_and_settles_the_format_before_the_first_diagno
 
 def test_http_500(chat, server):
     server.script.append(("status", 500))
-    vote = chat.vote(ECC_CTX)
+    vote = chat.vote(ECC_CTX, prior_votes=PROPOSED)
     assert vote.scores == [] and vote.note.startswith("llm unavailable: HTTP 500 from ")
     assert len(server.requests) == 1
 
 
 def test_not_a_chat_completion_counts_as_invalid(chat, server):
     server.script += [("raw", {"unexpected": True}), ("raw", {"choices": []})]
-    vote = chat.vote(ECC_CTX)
+    vote = chat.vote(ECC_CTX, prior_votes=PROPOSED)
     assert vote.note.startswith("llm unavailable: invalid reply twice (not a chat completion response")
 
 
@@ -404,7 +409,7 @@ def test_unreachable_server():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nobody listens there
     client = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout_s=2))
-    vote = client.vote(ECC_CTX)
+    vote = client.vote(ECC_CTX, prior_votes=PROPOSED)
     assert vote.scores == [] and vote.note.startswith("llm unavailable: cannot reach")
     client.close()
 
@@ -425,7 +430,7 @@ def test_make_llm_picks_the_backend_from_settings(server):
     stage = make_llm(LLMSettings(backend="openai", base_url=server.base_url, model="m2"))
     assert isinstance(stage, OpenAICompatibleClient) and stage.settings.model == "m2"
     assert stage.settings.api_key == "" and stage.settings.timeout_s == 30.0
-    assert stage.score(ECC_CTX, []).scores[0][0].failure_type == "ecc_error"
+    assert stage.score(ECC_CTX, PROPOSED).scores[0][0].failure_type == "ecc_error"
     off = make_llm(LLMSettings(enabled=False))
     assert off.score(ECC_CTX, []).note == "llm unavailable: disabled by configuration; fell back to rules + retrieval"
     emb = make_llm(LLMSettings(cache_dir=Path("/x/cache")))
@@ -441,12 +446,12 @@ def test_score_fetches_examples_and_honours_exclusions(stub):
         return [ex for ex in EXAMPLES if ex.id not in exclude_ids]
 
     stage = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m"), examples=source)
-    stage.score(ECC_CTX, [], exclude_ids=["seed-a"])
+    stage.score(ECC_CTX, PROPOSED, exclude_ids=["seed-a"])
     user = server.requests[-1]["body"]["messages"][1]["content"]
     assert asked == [("seed-a",)]
     assert "DBE (double bit error)" not in user and "CUDA out of memory" in user
     # Explicit examples win over the source, and exclusions still apply to them.
-    stage.score(ECC_CTX, [], examples=EXAMPLES, exclude_ids=["seed-b"])
+    stage.score(ECC_CTX, PROPOSED, examples=EXAMPLES, exclude_ids=["seed-b"])
     user = server.requests[-1]["body"]["messages"][1]["content"]
     assert "DBE (double bit error)" in user and "CUDA out of memory" not in user and len(asked) == 1
 
@@ -454,7 +459,7 @@ def test_score_fetches_examples_and_honours_exclusions(stub):
         raise RuntimeError("index gone")
 
     stage = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=server.base_url, model="m"), examples=broken)
-    assert stage.score(ECC_CTX, []).scores  # no examples, still an answer
+    assert stage.score(ECC_CTX, PROPOSED).scores  # no examples, still an answer
     stage.close()
 
 
@@ -572,3 +577,45 @@ def test_missing_model_falls_back_instead_of_raising(tmp_path):
     assert vote.scores == []
     assert vote.note.startswith("llm unavailable: model missing: no converted model in ")
     assert vote.note.endswith("; fell back to rules + retrieval")
+
+
+def test_the_server_abstains_on_a_label_no_evidence_proposed(chat, server):
+    # The same guard as the embedded model's: what only the server says is shown, never decides.
+    server.script.append(("reply", json.dumps({**VALID, "category": "script", "failure_type": "syntax_error",
+                                               "action": "no_restart", "confidence": 1.0})))
+    vote = chat.vote(ECC_CTX, prior_votes=PROPOSED)
+    assert vote.scores == [] and vote.note.startswith("llm abstains: the server's label, script/syntax_error")
+
+
+def test_a_near_incident_below_the_voting_threshold_proposes_for_the_server(chat, server):
+    # Retrieval cast no vote: its nearest incidents are the evidence (as for the embedded model).
+    server.script.append(("reply", json.dumps({**VALID, "category": "framework", "failure_type": "cuda_oom",
+                                               "action": None})))
+    vote = chat.vote(ECC_CTX, prior_votes=[], examples=EXAMPLES)
+    assert vote.scores and vote.scores[0][0].failure_type == "cuda_oom"
+    assert "framework/cuda_oom" in server.requests[-1]["body"]["messages"][1]["content"]  # shown as a candidate
+
+
+def test_a_root_line_no_must_name_an_error_bearing_line_it_was_shown(chat, server):
+    ctx = ctx_of(ECC_CTX.root_text, "iteration 4100/50000 | lm loss 2.31 | elapsed time per iteration (ms): 812.4",
+                 "NVRM: Xid (PCI:0000:8a:00): 48, pid=4242, name=python, An uncorrectable double bit error (DBE)")
+    shown = query_lines(ctx, 20)
+    quiet = next(i for i, ln in enumerate(shown, 1) if "iteration 4100" in ln)
+    xid = next(i for i, ln in enumerate(shown, 1) if "Xid" in ln)
+    server.script += [("reply", json.dumps({**VALID, "root_line_no": quiet})),
+                      ("reply", json.dumps({**VALID, "root_line_no": xid})),
+                      ("reply", json.dumps({**VALID, "root_line_no": len(shown) + 5}))]
+    ignored = chat.vote(ctx, prior_votes=PROPOSED)
+    assert ignored.evidence[0].text == ctx.root_text and "no error-bearing line" in ignored.note
+    taken = chat.vote(ctx, prior_votes=PROPOSED)
+    assert taken.evidence[0].text == shown[xid - 1] and taken.note is None
+    past = chat.vote(ctx, prior_votes=PROPOSED)
+    assert past.evidence[0].text == ctx.root_text and "no error-bearing line" in past.note
+
+
+def test_the_servers_confidence_is_capped(stub):
+    stub.script.append(("reply", json.dumps({**VALID, "confidence": 1.0})))
+    client = OpenAICompatibleClient(LLMSettings(backend="openai", base_url=stub.base_url, model="m",
+                                                server_max_confidence=0.55))
+    assert client.vote(ECC_CTX, prior_votes=PROPOSED).scores[0][1] == 0.55
+    client.close()

@@ -22,8 +22,8 @@ from logdx.config import LLMSettings
 from logdx.diagnose.llm import OpenAICompatibleClient
 from logdx.diagnose.llm.openai import reply_schema
 from logdx.incidents import mask_text
-from logdx.model import FailureContext
-from logdx.taxonomy import is_canonical
+from logdx.model import FailureContext, StageVote
+from logdx.taxonomy import is_canonical, make_label
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.slow,
@@ -79,10 +79,14 @@ def test_a_small_model_behind_llama_cpp_answers_the_schema(llama_server) -> None
     warm = client.warm()
     assert warm["ok"] is True, warm
     assert warm["response_format"] == "json_object_schema" == client.response_format
-    vote = client.vote(FailureContext(ROOT, mask_text(ROOT), [], [ROOT], "RuntimeError"))
-    assert vote.note is None, vote.note
-    ((label, confidence),) = vote.scores
-    assert is_canonical(label.category, label.failure_type) and 0.0 <= confidence <= 1.0
+    proposed = [StageVote("rules", [(make_label("infrastructure", "ecc_error"), 0.5)])]
+    vote = client.vote(FailureContext(ROOT, mask_text(ROOT), [], [ROOT], "RuntimeError"), prior_votes=proposed)
+    if vote.scores:  # it named what the rules proposed: its confidence capped (not calibrated)
+        ((label, confidence),) = vote.scores
+        assert is_canonical(label.category, label.failure_type)
+        assert 0.0 <= confidence <= LLMSettings().server_max_confidence
+    else:  # it named a canonical label nothing proposed: a guarded abstention, not a broken reply
+        assert vote.note is not None and vote.note.startswith("llm abstains: the server's label"), vote.note
     sent = client.last_request
     assert sent is not None and sent["response_format"] == {"type": "json_object", "schema": reply_schema()}
     assert client.attempts == 1  # the format was settled by the warm-up, the reply was valid at once

@@ -25,10 +25,10 @@ import pytest
 
 from api_server import Receiver, Server, exited, needs_syslog_ng, running_syslog_ng, start_receiver
 from logdx.api.ingest import runs_by_job
-from logdx.api.nodestreams import NodeStreams
 from logdx.config import NodeStreamSettings
 from logdx.formats import Batch
 from logdx.formats.fields import NO_JOB
+from logdx.jobs.nodestreams import NodeStreams
 from logdx.normalize import Source
 from logdx.store import Database
 from logdx.testing import wait_until

@@ -211,3 +211,19 @@ tests:
 """, encoding="utf-8")
     problems = run_pack_tests(Settings(), load_rules([pack]))
     assert problems == [f"{pack}:7: test 'a crash with nothing printed': verdict failed, expected healthy"], problems
+
+
+@pytest.mark.slow
+def test_approve_refuses_a_pack_that_overlaps_a_shipped_rule_until_it_declares_precedence(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `rules approve` copies a pack into the rules a service loads: an undeclared overlap would compete silently.
+    pack = _site(tmp_path) / "site.yaml"
+    mine = tmp_path / "mine"
+    assert main(["rules", "approve", str(pack), "--into", str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert "overlaps" in err and "pcie-fatal-error" in err and "pcie-riser-fault" in err, err
+    assert not mine.exists() or not list(mine.glob("*.yaml"))
+
+    pack = _site(tmp_path, refines="    refines: [pcie-fatal-error]\n", expected="node_failure") / "site.yaml"
+    assert main(["rules", "approve", str(pack), "--into", str(mine)]) == 0, capsys.readouterr()
+    assert (mine / "site.yaml").is_file()

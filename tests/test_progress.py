@@ -10,7 +10,7 @@ import re
 import pytest
 
 from logdx import progress
-from logdx.api.readiness import Check, Readiness
+from logdx.jobs.readiness import Check, Readiness
 
 
 class Terminal(io.StringIO):

@@ -33,7 +33,7 @@ def _command(server: Server, headers: dict[str, str], seed: int) -> list[str]:
 
 
 def test_no_request_gets_a_5xx(tmp_path: Path) -> None:
-    from logdx.api.auth import token_digest
+    from logdx.access.auth import token_digest
 
     roles = [{"name": "fluentbit", "role": "shipper", "tenant": "team-a", "sha256": token_digest(SHIPPER_TOKEN)},
              {"name": "grafana", "role": "reader", "sha256": token_digest("reader-" + SHIPPER_TOKEN)}]

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from api_server import REPO, LoopbackApp
-from logdx.api.auth import token_digest
+from logdx.access.auth import token_digest
 from logdx.config import Settings
 from logdx.pipeline import Engine
 from logdx.synth import generate

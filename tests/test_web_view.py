@@ -10,12 +10,11 @@ import re
 
 import pytest
 
+from logdx.access.auth import Authenticator, token_digest
 from logdx.act.alerts.base import Alert, job_page_url
 from logdx.act.alerts.slack import slack_payload
 from logdx.act.alerts.webhook import webhook_payload
-from logdx.api.auth import Authenticator, token_digest
 from logdx.api.cookies import SessionCookies
-from logdx.api.errors import ApiError
 from logdx.config import Settings
 from logdx.pipeline import Engine, Session
 from logdx.store import Database
@@ -25,6 +24,7 @@ from logdx.web import view as view_module
 from logdx.web.render import Done, render_job_page
 from logdx.web.store import JobViews
 from logdx.web.view import JobView, build_view, view_from_report
+from logdx.wire.errors import ApiError
 
 RANKS, GPUS_PER_HOST = 16, 8
 

@@ -77,6 +77,14 @@ _ERROR_WORDS_LOWER = re.compile(_first_letter_alternation(_ERROR_WORD_LIST))
 assert all(a == a.lower() for a in _ERROR_WORD_LIST)
 
 
+_WARN_LEVEL = re.compile(r"\bWARN(?:ING)?\b|\bwarning:", re.IGNORECASE)
+
+
+def _only_warns(masked: str) -> bool:
+    """The line's only error word is its level, WARNING (judged once per shape)."""
+    return _WARN_LEVEL.search(masked) is not None and not _has_error_word(_WARN_LEVEL.sub(" ", masked))
+
+
 def _has_error_word(masked: str) -> bool:
     if masked.isascii():
         return _ERROR_WORDS_LOWER.search(masked.lower()) is not None
@@ -286,7 +294,9 @@ class Compressor:
         shape.quiet = 0 if error else 1
         shape.loss = b"loss" in key or b"Loss" in key
         shape.traceback = _TRACEBACK_START_BYTES in key
-        shape.work = bool(shape.quiet) and shape.block is None and not shape.traceback
+        # A process's own work: quiet lines, and its logger's warnings (a rank that skips a batch and draws
+        # another, and says so at WARNING level, is still at work: diagnose/timeouts.py reads who went on).
+        shape.work = ((bool(shape.quiet) or _only_warns(masked)) and shape.block is None and not shape.traceback)
         if shape.error:
             shape.stats.error_bearing = True
         self.miner.remember(key, shape)
@@ -380,6 +390,18 @@ class Compressor:
     def merged_ids(self) -> dict[int, int]:
         """Drain cluster id -> the id of the group it is reported in (see `TemplateMiner.merged_ids`)."""
         return self.miner.merged_ids(self.lines_in)
+
+    # -- the topology's, for a streaming reader -------------------------------------------------------
+
+    @property
+    def nccl_setup(self) -> dict[str, dict[str, tuple[str, int, str]]]:
+        """host -> NCCL's start-up words so far (the streaming service's advice reads it; do not modify)."""
+        return self.topology.nccl_setup
+
+    @property
+    def nccl_setup_words(self) -> int:
+        """How many words `nccl_setup` holds: what changed since a reader last looked."""
+        return self.topology.nccl_setup_words
 
     @property
     def template_cap_reached(self) -> bool:

@@ -183,6 +183,9 @@ class LLMSettings(Section):
         60.0, gt=0, description="openai: from the request to the reply's first token (a cold server loads its model "
         "then: 40 s is common on first use)")
     timeout_s: float = Field(30.0, gt=0, description="openai: for the rest of the reply, after its first token")
+    server_max_confidence: float = Field(
+        0.7, ge=0, le=1, description="openai: the server's self-reported confidence is capped at this (it is not "
+        "calibrated; below the action's threshold alone)")
     warmup_timeout_s: float = Field(
         300.0, ge=0, description="openai: `logdx serve` (and `logdx mcp`) send one tiny request at start, so a cold "
         "server loads its model then, not during the first diagnosis; 0: no warm-up")
@@ -195,6 +198,23 @@ class LLMSettings(Section):
     always: bool = Field(False, description="run the LLM even when a precise rule decided")
 
 
+class ArbiterSettings(Section):
+    """What weighs the near misses when no precise rule decided and past incidents are absent or split."""
+
+    stage: Literal["classifier", "llm", "both"] = Field(
+        "classifier", description="classifier: a calibrated logistic regression over retrieval's embedding of past "
+        "incidents and labelled catalog messages (diagnose/arbiter.py; no model to load, under a millisecond); llm: "
+        "the local LLM re-ranks the candidate labels (llm.*); both: the classifier, then the LLM. Measured with "
+        "each precise rule pack held out in turn (README, learned stages)")
+    min_probability: float = Field(
+        0.3, ge=0, le=1, description="classifier: below this calibrated probability of its best label it abstains")
+    min_similarity: float = Field(
+        0.35, ge=0, le=1, description="classifier: it abstains when no example is this similar to the failure")
+    catalog_per_type: int = Field(
+        6, ge=0, description="classifier: error-catalog messages per failure type among its examples (those whose "
+        "label a source or a rule settled)")
+
+
 class FusionSettings(Section):
     """Weights of the stages when their votes are fused (see logdx/diagnose/fusion.py)."""
 
@@ -204,6 +224,7 @@ class FusionSettings(Section):
     catalog: float = Field(0.7, description="the error catalog's vote")
     llm_arbiter: float = Field(0.5, description="the LLM's vote when no precise rule hit and retrieval is empty or split")
     llm_advisor: float = Field(0.15, description="the LLM's vote otherwise")
+    arbiter: float = Field(0.5, description="the classifier's vote (arbiter.stage), asked where the LLM would be")
     split_margin: float = Field(0.2, description="retrieval is split when its two best labels are this close")
     category_credit: float = Field(
         0.3, description="share of its score a source voting for another failure type of the same category gives "
@@ -697,6 +718,7 @@ class Settings(Section):
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
+    arbiter: ArbiterSettings = Field(default_factory=ArbiterSettings)
     fusion: FusionSettings = Field(default_factory=FusionSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     bus: BusSettings = Field(default_factory=BusSettings)

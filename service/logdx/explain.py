@@ -142,7 +142,30 @@ def render_explanation(ex: Explanation, *, verbose: bool = False, asked: Sequenc
         if ex.every_line or ln.events or ln.hits or ln.misses:
             out.extend(_render_line(ln, verbose, frozenset(asked)))
     out.append(_render_verdict(ex.report))
+    out.extend(_render_timeout(ex.report) + _render_degradations(ex.report))
     return "\n".join(out)
+
+
+def _render_timeout(report: Report) -> list[str]:
+    """Which signal decided the timeout's class, and whether the class set the verdict."""
+    t = report.timeout
+    if t is None:
+        return []
+    if t.decided:
+        how = f"it set the verdict ({t.action or report.action}: no node to blame)"
+    elif t.explained_by:
+        how = f"the verdict stands: rule {t.explained_by}'s root cause explains the timeouts"
+    else:
+        how = "the verdict stands"
+    who = ", ".join([f"rank {r}" for r in t.culprit_ranks[:8]] + t.culprit_hosts[:4])
+    out = [f"timeout: class {t.cause}{' (' + who + ')' if who else ''}; {how}"]
+    out += [f"  signal  {e}" for e in t.evidence[:6]]
+    out += [f"  missing {m}" for m in t.missing]
+    return out
+
+
+def _render_degradations(report: Report) -> list[str]:
+    return [f"degradation: {g.kind} on {g.host} (line {g.line_no}): {g.effect}" for g in report.degradations]
 
 
 def _render_line(ln: LineReport, verbose: bool = True, asked: frozenset[str] = frozenset()) -> list[str]:

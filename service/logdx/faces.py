@@ -1,8 +1,8 @@
 """What every command-line face shares (`diagnose`, `logdx ...`, `logdx run`, `logdx serve`): usage
 errors, the parser class, the flags that build an engine, and building it: once, here.
 
-It sits outside `logdx.cli` so that `logdx.run` and `logdx.api` can use it while `logdx.cli`
-registers their commands: the imports go one way."""
+It sits outside `logdx.cli` so that `logdx.run`, `logdx.api` and `logdx.agent` can use it while `logdx.cli`
+registers their commands (`FACE_COMMANDS`, by name: no face imports another)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,16 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+# The commands of the other faces on `logdx`'s parser, each `module:function(subparsers)`, in help order: each
+# face declares its own command; `logdx.cli` imports them by name when it builds the whole parser, so the
+# faces stay apart (tests/test_layout.py) and `diagnose` loads none of them. Each module is light (the
+# face's heavy part, FastAPI, the MCP SDK, loads only when its command runs).
+FACE_COMMANDS = (
+    "logdx.run.cli:add_run_parser",
+    "logdx.api.server:add_serve_parser",
+    "logdx.agent.cli:add_mcp_parser",
+)
 
 
 class UsageError(Exception):

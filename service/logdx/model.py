@@ -8,10 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from logdx.diagnose.timeouts import TimeoutVerdict
+from typing import Protocol
 
 
 class Category(StrEnum):
@@ -493,7 +490,8 @@ def rests_on_evidence(decided_by: str) -> bool:
 class Degradation:
     """Something the job's start-up says will make it slow (diagnose/degradations.py): advice, never an action."""
 
-    kind: str  # "network_fallback" | "gdr_disabled" | "p2p_disabled"
+    kind: str  # "network_fallback" | "gdr_disabled" | "p2p_disabled" | "bootstrap_interface" | "fewer_channels" | ...
+    # ... "nccl_version_differs" | "driver_version_differs"
     host: str
     line_no: int
     text: str
@@ -551,6 +549,45 @@ class Cost:
     notes: list[str] = field(default_factory=list)  # each part the log does not give, and why
 
 
+class TimeoutSpec(Protocol):
+    """What a timeout class implies (`taxonomy.TimeoutClass`)."""
+
+    @property
+    def title(self) -> str: ...
+
+    @property
+    def action(self) -> Action | None: ...
+
+
+class TimeoutFacts(Protocol):
+    """Why a job's collectives timed out (`diagnose.timeouts.TimeoutVerdict`, a later stage's class: the
+    model names only what the report and the action read of it, so it imports no stage)."""
+
+    @property
+    def cause(self) -> str: ...
+
+    @property
+    def evidence(self) -> list[str]: ...
+
+    @property
+    def missing(self) -> list[str]: ...
+
+    @property
+    def ranks(self) -> list[int]: ...
+
+    @property
+    def hosts(self) -> list[str]: ...
+
+    @property
+    def explained_by(self) -> str | None: ...
+
+    @property
+    def decided(self) -> bool: ...
+
+    @property
+    def spec(self) -> TimeoutSpec: ...
+
+
 @dataclass(slots=True)
 class Diagnosis:
     status: str  # "failed" | "healthy" | "unknown" (neither shown) | "empty" (no log text at all)
@@ -568,7 +605,7 @@ class Diagnosis:
     recovered: list[Recovered] = field(default_factory=list)  # what the job went on after
     stopped_first: StoppedFirst | None = None
     stage_ms: dict[str, float] = field(default_factory=dict)  # time spent in each diagnosis stage
-    timeout: TimeoutVerdict | None = None  # why the job's collectives timed out, when they did
+    timeout: TimeoutFacts | None = None  # why the job's collectives timed out, when they did
     degradations: list[Degradation] = field(default_factory=list)  # what its start-up says will make it slow
     stragglers: list[Straggler] = field(default_factory=list)  # hosts that step slower than the others
     hypotheses: list[Hypothesis] = field(default_factory=list)  # when unsure: what else it may be, how to tell

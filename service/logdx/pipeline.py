@@ -99,7 +99,11 @@ class Engine:
             from logdx.diagnose.retrieval import Retriever
 
             diagnoser.retrieval = retriever = Retriever(incidents, settings.retrieval)
-        if settings.llm.enabled:
+        if retriever is not None and settings.arbiter.stage in ("classifier", "both"):
+            from logdx.diagnose.arbiter import Arbiter
+
+            diagnoser.arbiter = Arbiter(retriever, settings.arbiter, cache_dir=settings.data_dir / "cache")
+        if settings.llm.enabled and settings.arbiter.stage in ("llm", "both"):
             from logdx.diagnose.llm import make_llm
 
             examples = retriever.examples if retriever is not None else None
@@ -129,6 +133,14 @@ class Engine:
                 return f"index of past incidents {how}"
 
             stages.append(("retrieval", "loading the embedding model and the index of past incidents", load_retrieval))
+        arbiter = self.diagnoser.arbiter
+        fitted = getattr(arbiter, "fitted", None)
+        if fitted is not None:
+            def fit_arbiter() -> str:
+                fit = fitted()
+                return f"arbiter over {len(fit.names) if fit else 0} examples"
+
+            stages.append(("arbiter", "fitting the arbiter over past incidents (cached by their content)", fit_arbiter))
         load_llm = getattr(llm, "load", None)
         if llm is not None and load_llm is not None:
             where = getattr(llm, "model_dir", "")

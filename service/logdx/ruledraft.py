@@ -24,7 +24,9 @@ from pathlib import Path
 import yaml
 
 from logdx.config import Settings
-from logdx.diagnose.rules import Rule, RuleError, RuleSet, check_examples, default_rules_dir, load_rules
+from logdx.diagnose.rules import Rule, RuleError, RuleSet, check_examples, default_rules_dir, example_hits, load_rules
+from logdx.diagnose.rules.compiled import RuleHit
+from logdx.diagnose.rules.precedence import overlaps
 from logdx.model import FT, Category, FailureContext, Label, Role
 from logdx.normalize import InputError, Normalizer, iter_lines, open_input
 from logdx.pipeline import Engine
@@ -397,7 +399,9 @@ def render_pack(d: Draft) -> str:
 
 def pack_problems(pack: Path, settings: Settings) -> list[str]:
     """What is wrong with a pack loaded beside the shipped and configured ones: load errors, examples and
-    counterexamples, its own raw-input tests through the real pipeline (what `logdx rules test` checks)."""
+    counterexamples, its own raw-input tests through the real pipeline, and a rule of it that overlaps
+    another rule without saying which refines which (what `logdx rules test` checks): a drafted rule
+    approved without that would silently compete with a rule that exists."""
     from logdx.explain import run_pack_tests
 
     try:
@@ -410,7 +414,11 @@ def pack_problems(pack: Path, settings: Settings) -> list[str]:
     problems = [f"{r.where()}: {what}" for r in ruleset.rules if Path(r.file).resolve() == mine
                 for what in _rule_problems(r, ruleset)]
     ruleset.tests = [t for t in ruleset.tests if Path(t.file).resolve() == mine]
-    problems += run_pack_tests(settings, ruleset)
+    hits: list[tuple[str, Sequence[RuleHit]]] = []
+    problems += run_pack_tests(settings, ruleset, hits)
+    mine_ids = {r.id for r in ruleset.rules if Path(r.file).resolve() == mine}
+    found = overlaps([*example_hits(ruleset), *hits], ruleset.by_id, ruleset.outranks)
+    problems += [o.problem() for o in found if o.winner.id in mine_ids or o.loser.id in mine_ids]
     return problems
 
 

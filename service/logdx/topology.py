@@ -52,10 +52,18 @@ _MAX_ALLOCATION = 4096
 _MAX_BOXES = 4096
 _HOSTLIST_PART = re.compile(r"(?:[^,\[]|\[[^\]]*\])+")  # a comma inside brackets is a range's
 # NCCL's start-up lines on the transport: "NCCL INFO Using network IB" (and 2.19+'s "Assigned NET plugin Socket to
-# comm"), "NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0'", "NCCL_P2P_DISABLE set by environment to 1".
-_NCCL_SETUP = re.compile(r"NCCL INFO (?:Using network (?P<net>\w+)|Assigned NET plugin (?P<net2>\w+) to comm"
+# comm"), "NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0'", "NCCL_P2P_DISABLE set by environment to 1"; the
+# interface it bootstraps on ("Bootstrap : Using ib0:10.0.0.1<0>", bootstrap.cc; "NET/IB : Using [0]mlx5_0:1/IB ;
+# OOB ib0:10.0.0.1<0>", net_ib.cc), its channels ("32 coll channels, 32 collnet channels, ...", init.cc), its
+# version ("NCCL version 2.18.1+cuda12.1") and the CUDA driver's ("cudaDriverVersion 12020").
+_NCCL_SETUP = re.compile(r"NCCL INFO (?:Using network (?P<network>\w+)|Assigned NET plugin (?P<network2>\w+) to comm"
                          r"|.*GPU Direct RDMA (?P<gdr>Enabled|Disabled) for HCA"
-                         r"|NCCL_P2P_DISABLE set by environment to (?P<p2p>[1-9]))")
+                         r"|NCCL_P2P_DISABLE set by environment to (?P<p2p>[1-9])"
+                         r"|Bootstrap ?: Using \[?\d*\]?(?P<bootstrap>[\w.-]+):"
+                         r"|NET/IB : Using .*; OOB (?P<oob>[\w.-]+):"
+                         r"|(?P<channels>\d+) coll channels, "
+                         r"|NCCL version (?P<version>[\w.+-]+)"
+                         r"|cudaDriverVersion (?P<driver>\d+))")
 _NCCL_COMM = re.compile(r"NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nr?[Rr]anks \d+ cudaDev (\d+)(?: nvmlDev \d+)? busId ([0-9a-fA-F]+)")
 
 
@@ -88,6 +96,7 @@ class Topology:
         self._srun_tasks: dict[int, str] = {}  # srun's task -> node, from its error lines
         # host -> what NCCL's start-up said of its transport: "network" / "gdr" / "p2p" -> (value, line, raw line)
         self._nccl_setup: dict[str, dict[str, tuple[str, int, str]]] = {}
+        self.nccl_setup_words = 0  # how many words `_nccl_setup` holds: what changed since a reader last looked
         # (first line, last line, rank, host of the stream) of ranks' entries in that box
         self._boxes: list[tuple[int, int, int, str | None]] = []
         self._gpu_ranks: dict[str, int] = {}
@@ -145,20 +154,27 @@ class Topology:
 
     def _note_nccl_setup(self, rec: Record) -> bool:
         """NCCL's start-up word on how a host's ranks talk to the others: the network it chose (IB, Socket...),
-        GPU Direct RDMA on or off; the first line of each kind per host (what diagnose/degradations.py reads)."""
+        GPU Direct RDMA on or off, P2P off, the interface it bootstraps on, its channels, NCCL's and the CUDA
+        driver's versions; the first line of each kind per host (what diagnose/degradations.py reads)."""
         m = _NCCL_SETUP.search(rec.text)
         if m is None:
             return False
         host = rec.host or ""
         if len(self._nccl_setup) < self.config.max_sources or host in self._nccl_setup:
             seen = self._nccl_setup.setdefault(host, {})
-            if net := m.group("net") or m.group("net2"):
-                seen.setdefault("network", (net, rec.line_no, rec.raw))
-            elif m.group("gdr"):
-                seen.setdefault("gdr", (m.group("gdr"), rec.line_no, rec.raw))
-            else:
-                seen.setdefault("p2p", ("disabled", rec.line_no, rec.raw))
+            kind = m.lastgroup or ""
+            value = "disabled" if kind == "p2p" else m.group(kind)
+            # One word per kind per host: its first (the default process group's communicator comes first).
+            word = {"network2": "network", "oob": "bootstrap"}.get(kind, kind)
+            if word not in seen:
+                seen[word] = (value, rec.line_no, rec.raw)
+                self.nccl_setup_words += 1
         return True
+
+    @property
+    def nccl_setup(self) -> dict[str, dict[str, tuple[str, int, str]]]:
+        """host -> NCCL's start-up words so far (the streaming service's advice reads it; do not modify)."""
+        return self._nccl_setup
 
     def _note_named_rank_host(self, rec: Record) -> bool:
         """A line that names a rank and its host in words (not NCCL's init line), or the job's

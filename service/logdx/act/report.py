@@ -123,7 +123,8 @@ class RecoveredItem(BaseModel):
 class DegradationBlock(BaseModel):
     """Something the job's start-up says will make it slow: advice, never an action."""
 
-    kind: Literal["network_fallback", "gdr_disabled", "p2p_disabled"]
+    kind: Literal["network_fallback", "gdr_disabled", "p2p_disabled", "bootstrap_interface", "fewer_channels",
+                  "nccl_version_differs", "driver_version_differs"]
     host: str
     line_no: int
     text: str

@@ -19,7 +19,7 @@ from logdx.act.alerts.outbox import Outbox, OutboxWorker
 from logdx.act.capsule import CapsuleWriter, Evidence
 from logdx.act.costs import CostBook
 from logdx.act.policy import RestartVerdict
-from logdx.act.report import Report
+from logdx.act.report import DegradationBlock, Report
 from logdx.act.silences import Silence, Silences
 from logdx.config import Settings
 from logdx.store import Store
@@ -127,6 +127,18 @@ class Responder:
             log.exception("alert for job %s not queued", job_id)
             out.errors.append(f"alert not queued: {type(e).__name__}: {e}")
         return out
+
+    def advise(self, job_id: str, degradations: Sequence[DegradationBlock]) -> int:
+        """Advice about a running job (what its start-up says will slow it): an alert, never an action; once per
+        job and kind and host. A failure is logged, never raised."""
+        try:
+            n = self.outbox.enqueue_advice(job_id, degradations)
+        except Exception:
+            log.exception("advice for job %s not queued", job_id)
+            return 0
+        if n:
+            self.worker.wake()
+        return n
 
     def credit(self, job_id: str, report: Report, hosts: Iterable[str], runtime_s: float) -> list[ActionRecord]:
         """A job whose report earned `healthy` ran on `hosts`: evidence for those nodes' grades

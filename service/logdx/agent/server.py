@@ -35,8 +35,8 @@ from logdx.agent.tools import (
     Templates,
     ToolFailure,
 )
-from logdx.api.nodes import ActionOut
-from logdx.api.schemas import FalseAlarmOut, IncidentOut
+from logdx.wire.nodes import ActionOut
+from logdx.wire.schemas import FalseAlarmOut, IncidentOut
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
@@ -267,7 +267,7 @@ class Callers:
     request's state for the tools. Without any token configured (loopback only) the caller is local."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], settings: Settings) -> None:
-        from logdx.api.auth import Authenticator
+        from logdx.access.auth import Authenticator
 
         self.app = app
         self.auth = Authenticator(settings.server, settings.actions.section_of(KubernetesActuator.name))
@@ -285,8 +285,8 @@ class Callers:
         await self.app(scope, receive, send)
 
     def _caller(self, authorization: str) -> Caller | tuple[int, str, str]:
-        from logdx.api.auth import LOCAL, SHIPPER
-        from logdx.api.errors import ApiError
+        from logdx.access.auth import LOCAL, SHIPPER
+        from logdx.wire.errors import ApiError
 
         if not self.auth.required:
             return Caller("local", LOCAL, bearer=self.local_bearer)

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, Field
 
 from logdx.act.report import EvidenceItem, Report, RootCause
-from logdx.api.nodes import ActionOut, NodeOut
-from logdx.api.schemas import INCIDENT_UNTRUSTED, FalseAlarmOut, IncidentOut, JobItem, TemplateItem, untrusted
+from logdx.wire.nodes import ActionOut, NodeOut
+from logdx.wire.schemas import INCIDENT_UNTRUSTED, FalseAlarmOut, IncidentOut, JobItem, TemplateItem, untrusted
 
 if TYPE_CHECKING:
     from logdx.config import Settings
@@ -267,7 +267,7 @@ class Toolbox:
 
     def templates(self, report_id: str | None = None, job_id: str | None = None, errors_only: bool = True,
                   limit: int = 50, caller: Caller | None = None) -> Templates:
-        from logdx.api.jobs import template_dict
+        from logdx.jobs.manager import template_dict
 
         caller = caller or self.local_caller()
         if bool(report_id) == bool(job_id):

@@ -1,4 +1,6 @@
-"""The HTTP service: streamed log ingestion per job, early and final diagnosis, alerts, actions.
+"""The HTTP face of the service: routes, authentication, and the mapping to wire models (`logdx.wire`) over
+the job runtime (`logdx.jobs`: ingestion per job, early and final diagnosis, alerts, actions), which knows
+nothing of HTTP.
 
 `create_app(settings)` builds the FastAPI app; `add_serve_parser(sub)` registers `logdx serve`.
 Importing this package stays cheap (FastAPI is loaded by `create_app`, not here).

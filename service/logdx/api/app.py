@@ -19,13 +19,13 @@ from logdx.api.cluster import cluster_router
 from logdx.api.deps import require_token
 from logdx.api.errors import CatchAllMiddleware, install_error_handlers
 from logdx.api.guard import KNOWN_METHODS, RequestGuard
-from logdx.api.metrics import Metrics
 from logdx.api.nodes import nodes_router
 from logdx.api.pages import STATIC_PREFIX, pages_router, static_files
 from logdx.api.routes import api, health, metrics_router
 from logdx.api.services import Services
 from logdx.api.uploads import uploads
 from logdx.config import Settings, load_settings
+from logdx.jobs.metrics import Metrics
 from logdx.pipeline import Engine
 
 log = logging.getLogger("logdx.api")

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
-from logdx.api.auth import READ
+from logdx.access.auth import READ
 from logdx.api.deps import ServicesDep, permit
 
 cluster_router = APIRouter(prefix="/v1", dependencies=[Depends(permit(READ, "read the cluster's state", cluster_wide=True))], tags=["cluster"])

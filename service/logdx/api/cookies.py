@@ -17,9 +17,9 @@ import hmac
 import secrets
 import time
 
-from logdx.api.auth import Authenticator, Principal
-from logdx.api.errors import ApiError
+from logdx.access.auth import Authenticator, Principal
 from logdx.store import Store, migrate
+from logdx.wire.errors import ApiError
 
 COOKIE = "logdx_session"
 LIFETIME_S = 12 * 3600

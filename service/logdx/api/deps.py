@@ -9,15 +9,15 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 
-from logdx.api.auth import Principal
+from logdx.access.auth import Principal
 from logdx.api.cookies import COOKIE, identify
-from logdx.api.errors import ApiError
-from logdx.api.limits import check_job_id
-from logdx.api.readiness import Check, Readiness
 from logdx.api.services import Services
 from logdx.config import Settings
+from logdx.jobs.limits import check_job_id
+from logdx.jobs.readiness import Check, Readiness
 from logdx.pipeline import Engine
 from logdx.tenancy import JOB_ID_PATTERN
+from logdx.wire.errors import ApiError
 
 
 def get_services(request: Request) -> Services:

@@ -1,6 +1,6 @@
 """Every error a client sees is one JSON shape: ``{"error": {"code": ..., "message": ...}}``.
 
-`ApiError` is raised anywhere (routes, ingestion threads) and rendered by one handler; Starlette's
+`ApiError` (`logdx.wire.errors`) is raised anywhere (routes, the job runtime's threads) and rendered here by one handler; Starlette's
 404/405 and FastAPI's validation errors are rendered in the same shape; anything unexpected is
 logged server-side with a request id and answered with a bare 500, never a stack trace.
 
@@ -20,49 +20,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from logdx.bus.base import BusError, BusFull
 from logdx.store_base import StoreError
+from logdx.wire.errors import ApiError, error_body
 
 log = logging.getLogger("logdx.api")
-
-
-class ErrorDetail(BaseModel):
-    code: str
-    message: str
-
-
-class ErrorBody(BaseModel):
-    """The body of every 4xx/5xx answer (extra keys such as `accepted_lines` may appear)."""
-
-    error: ErrorDetail
-
-
-class ApiError(Exception):
-    """An error with an HTTP status, a stable machine-readable code and a human message."""
-
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        *,
-        headers: Mapping[str, str] | None = None,
-        **details: Any,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = dict(headers or {})
-        self.details = details
-
-
-def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, **details}}
 
 
 def error_response(status: int, code: str, message: str, headers: Mapping[str, str] | None = None,

@@ -15,22 +15,22 @@ Bounds (issue: a 1 MB gzip body of newlines once inflated to 9.8 GB of RSS):
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from starlette.requests import ClientDisconnect
 
-from logdx.api.errors import ApiError
-from logdx.api.limits import JOB_ID_RULE
 from logdx.config import Settings
 from logdx.formats import Batch, FormatError, Meta, Parser, choose, codecs
 from logdx.formats.base import Format
 from logdx.formats.fields import MAX_RANK, parse_rank
 from logdx.hosts import clean_hostname
+from logdx.jobs.budget import CpuBudget
+from logdx.jobs.limits import JOB_ID_RULE
 from logdx.normalize import Source
 from logdx.tenancy import is_job_id
+from logdx.wire.errors import ApiError
 
 PIECE_BYTES = 1 << 20  # inflate this much at a time
 _RATIO_AFTER = 4 << 20  # the inflate ratio is judged past this many inflated bytes: a bomb is refused early
@@ -199,36 +199,6 @@ def make_decoder(settings: Settings, content_encoding: str | None) -> Decoder:
     s = settings.input
     return Decoder(content_encoding, settings.server.max_request_bytes, s.max_inflated_chunk_bytes,
                    s.max_inflate_ratio, s.max_document_bytes)
-
-
-# --- CPU -----------------------------------------------------------------------------------------
-
-
-@dataclass
-class CpuBudget:
-    """CPU seconds a request may cost, charged from the worker threads that do its work (0: no limit).
-    Call `start()` at the beginning of a piece of work and `charge()` at its end (same thread)."""
-
-    limit_s: float
-    spent_s: float = 0.0
-    _t0: float = field(default=0.0, repr=False)
-
-    def start(self) -> None:
-        self._t0 = time.thread_time()
-
-    def charge(self) -> None:
-        now = time.thread_time()
-        self.spent_s += now - self._t0
-        self._t0 = now
-
-    def exceeded(self) -> bool:
-        return self.limit_s > 0 and self.spent_s > self.limit_s
-
-    def error(self, applied: int) -> ApiError:
-        return ApiError(429, "cpu_limit",
-                        f"the request cost more than {self.limit_s:g} s of CPU (server.max_request_cpu_s); "
-                        f"{applied} line(s) were applied, the rest were not: send smaller requests",
-                        headers={"Retry-After": "1"}, accepted_lines=applied)
 
 
 # --- one upload ----------------------------------------------------------------------------------

@@ -17,13 +17,12 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from logdx.access.auth import JOB_READ, OPERATE, READ, Principal
 from logdx.act.report import Report
-from logdx.api.auth import JOB_READ, OPERATE, READ, Principal
 from logdx.api.cookies import COOKIE, LIFETIME_S, identify
 from logdx.api.deps import ServicesDep
-from logdx.api.errors import ApiError
-from logdx.api.limits import check_job_id
 from logdx.api.services import Services
+from logdx.jobs.limits import check_job_id
 from logdx.web.render import (
     STATIC_DIR,
     STATIC_PREFIX,
@@ -38,6 +37,7 @@ from logdx.web.render import (
     render_page,
 )
 from logdx.web.view import MAX_TEMPLATES, view_from_report
+from logdx.wire.errors import ApiError
 
 __all__ = ["pages_router", "static_files", "STATIC_PREFIX"]
 

@@ -18,13 +18,13 @@ from fastapi import Request
 from starlette.requests import ClientDisconnect
 
 from logdx.api.deps import retry_after
-from logdx.api.errors import ApiError
 from logdx.api.ingest import Upload, runs_by_job
-from logdx.api.jobs import IngestRequest, Job
 from logdx.api.services import Services
 from logdx.formats import Batch
 from logdx.hosts import HostScope
+from logdx.jobs.manager import IngestRequest, Job
 from logdx.normalize import Source
+from logdx.wire.errors import ApiError
 
 T = TypeVar("T")
 log = logging.getLogger("logdx.api")

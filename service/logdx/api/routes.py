@@ -8,13 +8,13 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Query, Response
 
+from logdx.access.auth import INGEST, JOB_READ, OPERATE, READ, Principal, job_not_found, report_not_found
 from logdx.act.report import Report
-from logdx.api import schemas
-from logdx.api.auth import INGEST, JOB_READ, OPERATE, READ, Principal, job_not_found, report_not_found
 from logdx.api.deps import EngineDep, JobId, ServicesDep, permit, ready_engine, require_token
-from logdx.api.errors import ApiError, ErrorBody
-from logdx.api.metrics import CONTENT_TYPE
 from logdx.incidents import IncidentError, IncidentIn, SharedIncident
+from logdx.jobs.metrics import CONTENT_TYPE
+from logdx.wire import schemas
+from logdx.wire.errors import ApiError, ErrorBody
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 415, 422, 429, 503)

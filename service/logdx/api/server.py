@@ -46,7 +46,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
 
 def check_bind(server: ServerSettings) -> None:
     """Refuse what would let anyone in: a reachable address, or any Host name, without a token."""
-    from logdx.api.limits import is_loopback
+    from logdx.jobs.limits import is_loopback
 
     if server.token or server.tokens:
         return

@@ -24,22 +24,22 @@ import anyio
 import anyio.to_thread
 
 from logdx import progress
+from logdx.access.auth import Authenticator, Principal, Tenants, job_not_found, report_not_found
 from logdx.act.actuators import KubernetesActuator
 from logdx.act.respond import Responder, Response
-from logdx.api.auth import Authenticator, Principal, Tenants, job_not_found, report_not_found
-from logdx.api.background import Actor, Effect
 from logdx.api.cookies import SessionCookies
 from logdx.api.guard import REFUSAL_REASONS
-from logdx.api.jobs import Job, JobManager
-from logdx.api.jobs_cluster import ClusterCoordinator
-from logdx.api.metrics import Metrics
-from logdx.api.nodestreams import NodeJoiner, NodeStreams
-from logdx.api.quotas import JobQuota
-from logdx.api.readiness import Component, Readiness
-from logdx.api.retention import KINDS, Sweeper
 from logdx.bus.ownership import WORKER_ROLES
 from logdx.config import Settings
 from logdx.incidents import IncidentStore
+from logdx.jobs.background import Actor, Effect
+from logdx.jobs.cluster import ClusterCoordinator
+from logdx.jobs.manager import Job, JobManager
+from logdx.jobs.metrics import Metrics
+from logdx.jobs.nodestreams import NodeJoiner, NodeStreams
+from logdx.jobs.quotas import JobQuota
+from logdx.jobs.readiness import Component, Readiness
+from logdx.jobs.retention import KINDS, Sweeper
 from logdx.pipeline import Engine
 from logdx.store import Store, open_db
 
@@ -102,7 +102,7 @@ class Services:
             services.readiness.component("retrieval")
         if settings.llm.enabled:
             services.readiness.component("llm")
-        from logdx.api.readiness import dependency_probes
+        from logdx.jobs.readiness import dependency_probes
 
         for name, probe in dependency_probes(services).items():
             services.readiness.add(name, probe)

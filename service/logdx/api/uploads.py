@@ -24,12 +24,10 @@ from pydantic import AfterValidator, WithJsonSchema
 from starlette.requests import ClientDisconnect
 
 from logdx import formats
+from logdx.access.auth import INGEST
 from logdx.act.report import Report
-from logdx.api import schemas
-from logdx.api.auth import INGEST
 from logdx.api.deps import EngineDep, JobId, ServicesDep, permit
-from logdx.api.errors import ApiError, ErrorBody
-from logdx.api.ingest import CpuBudget, Upload, make_decoder, open_parser, request_meta
+from logdx.api.ingest import Upload, make_decoder, open_parser, request_meta
 from logdx.api.receiver import Received, Receiver, tenant_of, too_large, watching
 from logdx.api.services import Services
 from logdx.formats import Format
@@ -37,6 +35,9 @@ from logdx.formats.loki import LOKI_PROTOBUF
 from logdx.formats.otlp import OTLP_JSON, OTLP_PROTOBUF
 from logdx.formats.otlp import response as otlp_response
 from logdx.hosts import clean_hostname
+from logdx.jobs.budget import CpuBudget
+from logdx.wire import schemas
+from logdx.wire.errors import ApiError, ErrorBody
 
 T = TypeVar("T")
 log = logging.getLogger("logdx.api")

@@ -1,7 +1,7 @@
 """The line bus between ingestion and diagnosis, as the service sees it (one Protocol).
 
 Implementations: `jetstream.JetStreamBus` (NATS JetStream, `bus.url`). Without a bus, each job's
-spool file is its durable log (`logdx.api.spool`), read by the one process that serves the job.
+spool file is its durable log (`logdx.jobs.spool`), read by the one process that serves the job.
 A new transport implements these two classes in one module of this package.
 """
 

@@ -1,7 +1,7 @@
 """What travels on the line bus, and where: records, their encoding, partitions and names.
 
 A job's records all go to one partition (a stable hash of the job id), so one worker sees them in
-the order the stream accepted them. Three kinds, the spool's model carried over (`api/spool.py`):
+the order the stream accepted them. Three kinds, the spool's model carried over (`jobs/spool.py`):
 
 - DATA: a piece of one upload request's lines for one job (with their sources), published as the
   body arrives;

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from logdx import __version__, progress
 from logdx.cli.diagnose import add_diagnose_args, add_diagnose_parser, cmd_diagnose
-from logdx.faces import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Parser, UsageError
+from logdx.faces import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, FACE_COMMANDS, Parser, UsageError
 
 _DESCRIPTION = "Diagnose why a training job failed, from its logs."
 # What `diagnose X` reaches besides a log: the commands a user of `diagnose` needs.
@@ -22,14 +22,13 @@ _DIAGNOSE_SUBCOMMANDS = frozenset({"incidents", "feedback", "rules"})
 def build_parser(prog: str = "logdx") -> argparse.ArgumentParser:
     # The other commands' modules load only when their parsers are built: `diagnose` (the common
     # command, see `_build_diagnose_only`) imports none of them.
-    from logdx.agent.cli import add_mcp_parser  # light, like the others: the SDK loads only when mcp runs
-    from logdx.api.server import add_serve_parser  # light: FastAPI loads only when serve runs
+    import importlib
+
     from logdx.cli.config import add_config_parsers
     from logdx.cli.costs import add_cost_parsers
     from logdx.cli.incidents import add_incident_parsers
     from logdx.cli.nodes import add_node_parsers
     from logdx.cli.tools import add_tool_parsers
-    from logdx.run.cli import add_run_parser
 
     parser, sub = _top_parser(prog)
     add_diagnose_parser(sub)
@@ -38,9 +37,9 @@ def build_parser(prog: str = "logdx") -> argparse.ArgumentParser:
     add_node_parsers(sub, Parser)
     add_cost_parsers(sub)
     add_config_parsers(sub, Parser)
-    add_run_parser(sub)
-    add_serve_parser(sub)
-    add_mcp_parser(sub)
+    for spec in FACE_COMMANDS:  # `logdx run`, `serve`, `mcp`: the other faces' own commands, by name
+        module, _, add_parser = spec.partition(":")
+        getattr(importlib.import_module(module), add_parser)(sub)
     return parser
 
 

@@ -60,13 +60,14 @@ CatalogStage = Callable[[FailureContext], StageVote]
 
 @dataclass
 class Diagnoser:
-    """Rules first. When they do not decide (no precise root cause): the catalog, retrieval and
-    the LLM vote, and their votes are fused with the rules' tentative label. `llm_always` consults
+    """Rules first. When they do not decide (no precise root cause): the catalog, retrieval, and
+    where past incidents are absent or split the arbiter and/or the LLM (arbiter.stage) vote, and their votes are fused with the rules' tentative label. `llm_always` consults
     the later stages even when a precise rule decided; they still cannot overturn it, only explain."""
 
     rules: RuleSet
     catalog: CatalogStage | None = None
     retrieval: Retrieval | None = None
+    arbiter: LabelScorer | None = None  # the classifier over retrieval's embedding (arbiter.py)
     llm: LabelScorer | None = None
     weights: FusionWeights = field(default_factory=FusionWeights)
     llm_always: bool = False
@@ -117,7 +118,8 @@ class Diagnoser:
         if (catalog := self.catalog) is not None:
             self._consult("catalog", diagnosis, votes, lambda: catalog(ctx))
         # What a model reads is data, not instructions to it (untrusted.py).
-        learned_ctx, withheld = without_instructions(ctx) if self.retrieval is not None or self.llm is not None else (ctx, 0)
+        learned = self.retrieval is not None or self.arbiter is not None or self.llm is not None
+        learned_ctx, withheld = without_instructions(ctx) if learned else (ctx, 0)
         if withheld:
             diagnosis.notes.append(f"{withheld} line(s) shaped as instructions to a model were withheld from "
                                    "retrieval and the LLM")
@@ -125,7 +127,13 @@ class Diagnoser:
             retrieval = self.retrieval
             self._consult("retrieval", diagnosis, votes,
                           lambda: retrieval.search(learned_ctx, exclude_ids=self.exclude_incidents))
-        if self.llm is not None and (self.llm_always or needs_arbiter(votes, self.weights.split_margin)):
+        # Asked only where past incidents do not agree on one label (or retrieval is off): votes as they stand.
+        arbitrate = self.llm_always or needs_arbiter(votes, self.weights.split_margin)
+        if self.arbiter is not None and arbitrate:
+            arbiter = self.arbiter
+            self._consult("arbiter", diagnosis, votes,
+                          lambda: arbiter.score(learned_ctx, votes, exclude_ids=self.exclude_incidents))
+        if self.llm is not None and arbitrate:
             llm = self.llm
             self._consult("llm", diagnosis, votes,
                           lambda: llm.score(learned_ctx, votes, exclude_ids=self.exclude_incidents))

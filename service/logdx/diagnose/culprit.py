@@ -19,15 +19,33 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from logdx.diagnose.life import stopped_by_output, stopped_by_progress
+from logdx.diagnose.rules.compiled import RuleHit
 from logdx.hosts import clean_hostname, job_host_in_name
 from logdx.model import FT, Attribution, CompressionSummary, Event, EventKind, Role
 from logdx.patterns import QUOTED_KERNEL_LINE, pci_key
 
-if TYPE_CHECKING:
-    from logdx.diagnose.rootcause import Finding
+
+class Finding(Protocol):
+    """What the attribution reads of a finding (`rootcause.Finding`, whose module imports this one: naming
+    it here was an import circle): the event, the rule's hit, and the ranks, hosts and collectives seen."""
+
+    @property
+    def event(self) -> Event: ...
+
+    @property
+    def hit(self) -> RuleHit: ...
+
+    @property
+    def ranks(self) -> set[int]: ...
+
+    @property
+    def hosts(self) -> set[str]: ...
+
+    @property
+    def seq_by_rank(self) -> dict[int, int]: ...
 
 __all__ = ["HANG_BASES", "HANG_OUTPUT_BASIS", "STUCK_IN_KERNEL", "UNVERIFIED", "HangCulprit", "StuckProcess", "attribute",
            "blames_one_node", "hang_culprit", "stuck_in_kernel", "verify_hosts", "with_stuck"]

@@ -10,6 +10,7 @@ Every source gets a weight for this diagnosis (all weights live in ``FusionWeigh
 - ``rules``: ``rules_precise`` when a precise (root-cause) rule hit, else ``rules_fallback`` (only
   a generic catch-all fired, e.g. "uncategorised exception");
 - ``retrieval``: ``retrieval``;
+- ``arbiter``: ``arbiter`` (the classifier of arbiter.py, asked where the LLM would be: see cascade.py);
 - ``llm``: ``llm_arbiter`` when it has to arbitrate, i.e. no precise rule hit AND retrieval is
   empty or split (its two best labels are within ``split_margin``); otherwise ``llm_advisor``,
   small, because a 270M base model must not overrule a precise rule or a clear neighbour vote.
@@ -88,6 +89,7 @@ class FusionWeights:
     catalog: float = _weight("catalog")
     llm_arbiter: float = _weight("llm_arbiter")
     llm_advisor: float = _weight("llm_advisor")
+    arbiter: float = _weight("arbiter")
     other: float = 0.3  # a source fusion does not know (e.g. a future stage)
     split_margin: float = _weight("split_margin")
     category_credit: float = _weight("category_credit")
@@ -114,7 +116,7 @@ class FusionResult:
 
 
 _Key = tuple[Category, str]
-_SOURCE_ORDER = ("rules", "catalog", "retrieval", "llm")
+_SOURCE_ORDER = ("rules", "catalog", "retrieval", "arbiter", "llm")
 
 
 @dataclass(slots=True)
@@ -170,6 +172,8 @@ def _weights(dists: dict[str, _Dist], rule_hit_precise: bool, w: FusionWeights) 
             out[src] = w.catalog
         elif src == "llm":
             out[src] = w.llm_arbiter if arbitrate else w.llm_advisor
+        elif src == "arbiter":
+            out[src] = w.arbiter
         else:
             out[src] = w.other
     return out

@@ -14,13 +14,23 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from logdx.model import FT, Category, Label, Role
+from logdx.diagnose.rules.compiled import RuleHit
+from logdx.model import FT, Category, Event, Label, Role
 from logdx.taxonomy import make_label
 
-if TYPE_CHECKING:
-    from logdx.diagnose.rootcause import Finding
+
+class _Finding(Protocol):
+    """What this reads of a finding (`rootcause.Finding`, whose module imports this one)."""
+
+    @property
+    def event(self) -> Event: ...
+
+    @property
+    def hit(self) -> RuleHit: ...
+
+
 
 __all__ = ["taken_by_another_process", "taken_label"]
 
@@ -35,23 +45,23 @@ _TAKEN_SHARE = 0.25  # other processes held at least this share of the GPU: not 
 _CONFIDENCE = 0.85
 
 
-def taken_by_another_process(winner: Finding, findings: Sequence[Finding]) -> Finding:
-    """`winner` as a GPU another process held, when its out-of-memory says so; else `winner`."""
+def taken_by_another_process(winner: _Finding, findings: Sequence[_Finding]) -> RuleHit | None:
+    """`winner`'s hit as a GPU another process held, when its out-of-memory says so; else None (the
+    caller, which owns the finding, puts the new hit in it)."""
     if winner.hit.label.failure_type != FT.CUDA_OOM:
-        return winner
+        return None
     s = _statement(winner)
     if s is None or s.held_by_others < _TAKEN_SHARE * s.total or _one_of_the_jobs(set(s.holders), findings):
-        return winner
+        return None
     host = winner.hit.line.host
     where = f"GPU {s.gpu} of {host}" if host else f"GPU {s.gpu}"
     hint = (f"{where} had {s.free:.2f} GiB free of {s.total:.0f} GiB: process {s.holders[0]}, not this job, held "
             f"{s.held_by_others:.1f} GiB. "
             f"Find it (nvidia-smi on that node): a leftover of an earlier job or another tenant. Restart once it "
             f"is gone, or on other nodes; drain the node if it stays.")
-    hit = replace(winner.hit, rule_id="gpu-memory-taken", pack="occupied", role=Role.ROOT_CAUSE,
-                  title="Another process held the GPU's memory", confidence=_CONFIDENCE, hint=hint, hint_rule=None,
-                  label=taken_label())
-    return replace(winner, hit=hit)
+    return replace(winner.hit, rule_id="gpu-memory-taken", pack="occupied", role=Role.ROOT_CAUSE,
+                   title="Another process held the GPU's memory", confidence=_CONFIDENCE, hint=hint, hint_rule=None,
+                   label=taken_label())
 
 
 def taken_label() -> Label:
@@ -70,7 +80,7 @@ class _Statement:
     held_by_others: float
 
 
-def _statement(finding: Finding) -> _Statement | None:
+def _statement(finding: _Finding) -> _Statement | None:
     text = " ".join([finding.event.exception_message or "", *(r.text for r in finding.event.lines[-6:])])
     m = _STATEMENT.search(text)
     if m is None:
@@ -82,7 +92,7 @@ def _statement(finding: Finding) -> _Statement | None:
                       held_by_others=sum(n for _, n in procs))
 
 
-def _one_of_the_jobs(pids: set[str], findings: Sequence[Finding]) -> bool:
+def _one_of_the_jobs(pids: set[str], findings: Sequence[_Finding]) -> bool:
     """Whether the log shows a holder as one of the job's own processes (the launcher's "exitcode : 1
     (pid: 4412)", "Sending process 4412 closing signal"): ranks sharing a GPU by a wrong device mapping."""
     for f in findings:

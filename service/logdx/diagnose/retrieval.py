@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     import faiss
 
 __all__ = [
+    "GENERIC_EXCEPTIONS",
     "Embedder",
     "Neighbour",
     "Retriever",
@@ -230,7 +231,7 @@ _EXCEPTION = re.compile(
     r"(?:^|[\s:\]>(])(?:[A-Za-z_]\w*\.)*([A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failed|Failure))\b"
 )
 # Classes raised for almost anything: a match says little about the failure type.
-_GENERIC_EXCEPTIONS = frozenset(
+GENERIC_EXCEPTIONS = frozenset(
     {"RuntimeError", "Exception", "AssertionError", "OSError", "IOError", "ValueError", "DistBackendError",
      "ChildFailedError", "CalledProcessError"}
 )
@@ -378,7 +379,7 @@ class Retriever:
             hits = [(state.ids[r], float(s)) for s, r in zip(sims[0], rows[0]) if r >= 0]
             exceptions = state.exceptions
         if exc is not None and self.settings.exception_bonus:
-            bonus = self.settings.exception_bonus * (1 / 3 if exc in _GENERIC_EXCEPTIONS else 1.0)
+            bonus = self.settings.exception_bonus * (1 / 3 if exc in GENERIC_EXCEPTIONS else 1.0)
             hits = [(i, min(1.0, s + bonus) if exceptions.get(i) == exc else s) for i, s in hits]
             hits.sort(key=lambda h: h[1], reverse=True)
         hits = [(i, s) for i, s in hits if i not in exclude][:k]
@@ -393,6 +394,30 @@ class Retriever:
         """Few-shot examples for the LLM stage: the nearest incidents whatever their similarity
         (a weak neighbour still shows the model the label format and a contrast)."""
         return self.neighbours(ctx, exclude_ids=exclude_ids, apply_threshold=False)
+
+    def query_vector(self, ctx: FailureContext) -> np.ndarray:
+        """The failure's vector as retrieval searches with it (1 x 2*dim; embedded once per context, cached)."""
+        root, full = _pair_texts(ctx.root_masked, ctx.as_query())
+        with self._lock:
+            return self._query_vector(root, full)
+
+    def fingerprint(self) -> str:
+        """The indexed incidents' fingerprint (what the arbiter keys its fit by), re-checked as a search would."""
+        with self._lock:
+            return self._ensure().fingerprint
+
+    def vectors(self) -> tuple[list[str], np.ndarray, str]:
+        """Every indexed incident's vector (ids in index order, n x 2*dim) and the incidents' fingerprint: what
+        the arbiter (arbiter.py) fits on, without embedding anything again."""
+        with self._lock:
+            state = self._ensure()
+            n = state.index.ntotal
+            vecs = state.index.reconstruct_n(0, n) if n else np.zeros((0, 2 * self.embedder.dim), dtype=np.float32)
+            return list(state.ids), np.asarray(vecs, dtype=np.float32), state.fingerprint
+
+    def embed_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        """(root, context) texts as vectors of the index's space (the arbiter's catalog examples)."""
+        return self._embed_pairs([_pair_texts(r, f) for r, f in pairs])
 
     def ensure_index(self) -> None:
         """Load or (re)build the index now instead of on the first search."""

@@ -109,14 +109,17 @@ def find_root_cause(
     recovered = [f for f in everything if f.survived and f.hit.role is not Role.SYMPTOM]
     winner, role = _choose(findings, summary)
     if winner is not None and role is Role.ROOT_CAUSE:
-        winner = taken_by_another_process(_detailed_by_nccl(winner, events), findings)
+        winner = _detailed_by_nccl(winner, events)
+        if (taken := taken_by_another_process(winner, findings)) is not None:
+            winner = replace(winner, hit=taken)
     winner, role, att = _hang(winner, role, findings, dumps, summary)
     stuck = _stuck_in_a_hang(winner, dumps, summary)
     if stuck:
         att = with_stuck(att, stuck, findings)
     timeout = classify(winner, role, findings, summary)
     if timeout is not None and winner is not None and (changed := relabel(winner, role, timeout, att, summary)):
-        winner, role, att = changed
+        winner = replace(winner, hit=changed.hit, ranks=changed.ranks, hosts=changed.hosts)
+        role, att = changed.role, changed.attribution
     att = verify_hosts(att, summary)
     vote = _vote(winner, findings)
     vote.evidence += [Evidence(line_no=p.event.line_no, text=_clip(p.event.anchor.raw), source="detect:process_state")

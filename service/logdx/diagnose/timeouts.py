@@ -25,15 +25,14 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from logdx.diagnose.culprit import Finding as AttributedFinding
 from logdx.diagnose.culprit import hang_culprit
+from logdx.diagnose.rules.compiled import RuleHit
 from logdx.hosts import clean_hostname
 from logdx.model import FT, Attribution, Category, CompressionSummary, Label, Role, Severity
 from logdx.taxonomy import TimeoutClass, category_of, is_hardware, timeout_class
-
-if TYPE_CHECKING:
-    from logdx.diagnose.rootcause import Finding
 
 __all__ = ["TimeoutVerdict", "WorkSeen", "classify", "note_work", "relabel"]
 
@@ -50,6 +49,7 @@ _NOT_JOINED = re.compile(r"\[(?P<ranks>[\d, ]+)\] finished collective #(?P<seq>\
 _NOT_FINISHED = re.compile(r"\[(?P<ranks>[\d, ]+)\] joined but didn't finish collective #(?P<seq>\d+)")
 _NEVER_JOINED = re.compile(r"ranks \[(?P<ranks>[\d, ]+)\] are the lagging ranks that caused this timeout")
 _MISMATCH = "Detected mismatch between collectives on ranks"
+_SIDES = re.compile(r"Rank (\d+) is running collective: .*?, but Rank (\d+) is running collective")
 # Ops whose sizes differ across ranks by design (uneven all_to_all splits): only their op type is compared.
 _SIZES_MAY_DIFFER = ("ALLTOALL", "SEND", "RECV", "GATHER", "SCATTER")
 # The rules whose lines say a collective timed out (besides any line that carries a watchdog's work).
@@ -78,6 +78,25 @@ class WorkSeen:
         if self.op and self.op.lstrip("_").startswith(_SIZES_MAY_DIFFER):
             return self.op, None, None
         return self.op, self.numel_in, self.numel_out
+
+
+class Finding(AttributedFinding, Protocol):
+    """What the timeout reading takes of a finding (`rootcause.Finding`, whose module imports this one): what
+    the attribution reads, and each watchdog's work."""
+
+    @property
+    def works(self) -> dict[tuple[str, int], WorkSeen]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Relabelled:
+    """The winner's new hit and culprits, for `rootcause` to put on its finding."""
+
+    hit: RuleHit
+    ranks: set[int]
+    hosts: set[str]
+    role: Role
+    attribution: Attribution
 
 
 def note_work(works: dict[tuple[str, int], WorkSeen], rank: int, text: str, line_no: int) -> None:
@@ -213,11 +232,17 @@ def _misconfig(works: dict[tuple[str, int], WorkSeen], mismatch: Sequence[Findin
     if mismatch:
         f = min(mismatch, key=lambda x: x.hit.line.line_no)
         raised = sorted(f.ranks) or ([f.hit.rank] if f.hit.rank is not None else [])
+        # Every rank's check raises when one rank's collective differs (each compares itself with the others): a
+        # culprit stands out only when one or two raised; the line names the two sides either way.
+        named = raised if len(raised) <= 2 else []
+        pair = _SIDES.search(f.hit.line.text)
+        who = (f"rank {pair.group(1)} and rank {pair.group(2)}" if pair else
+               f"rank{'s' if len(raised) > 1 else ''} {', '.join(map(str, raised[:8])) or '?'}")
         return TimeoutVerdict(
-            "misconfig", evidence=[f"line {f.hit.line.line_no}: {_clip(f.hit.line.text)}"], ranks=raised,
-            hosts=_hosts(raised, summary),
-            hint=f"TORCH_DISTRIBUTED_DEBUG's check found ranks {', '.join(map(str, raised)) or '?'} running different "
-                 f"collectives (line {f.hit.line.line_no}): {timeout_class('misconfig').advice}.")
+            "misconfig", evidence=[f"line {f.hit.line.line_no}: {_clip(f.hit.line.text)}"]
+            + ([f"{len(raised)} ranks raised it"] if len(raised) > 2 else []), ranks=named, hosts=_hosts(named, summary),
+            hint=f"TORCH_DISTRIBUTED_DEBUG's check found {who} running different collectives (line "
+                 f"{f.hit.line.line_no}): {timeout_class('misconfig').advice}.")
     by_seq: dict[tuple[str, int], dict[int, WorkSeen]] = defaultdict(dict)
     for (pg, rank), w in works.items():
         if w.op is not None:
@@ -318,9 +343,9 @@ def _cpu_side(works: dict[tuple[str, int], WorkSeen], desync: _Desync, findings:
     if not candidates or not works:
         return None
     first = min(works.values(), key=lambda w: w.line_no)  # the others': no candidate reported
-    others = _others_stop(summary, set(candidates))
-    if others is None:
-        return None
+    # Where the others stopped: their last progress line; when only the candidate prints progress (a framework
+    # whose rank 0 alone logs, and rank 0 went on), their first watchdog: they were waiting by then at the latest.
+    others = _others_stop(summary, set(candidates)) or (first.line_no, _ts_of_line(findings, first.line_no))
     working = {r: w for r in candidates if (w := _still_working(r, others, works, findings, summary)) is not None}
     if not working or len(working) > max(1, summary.world_size // 8):
         return None
@@ -428,7 +453,7 @@ def _clip(text: str, limit: int = 160) -> str:
 
 
 def relabel(winner: Finding, role: Role | None, verdict: TimeoutVerdict, att: Attribution,
-            summary: CompressionSummary) -> tuple[Finding, Role, Attribution] | None:
+            summary: CompressionSummary) -> Relabelled | None:
     """A timeout verdict whose cause is the code's or the config's takes the class's label and action, and its
     culprit ranks; nothing to cordon. None: the verdict stands (a precise root cause, or a class without a label)."""
     spec = verdict.spec
@@ -447,4 +472,4 @@ def relabel(winner: Finding, role: Role | None, verdict: TimeoutVerdict, att: At
                           basis=f"the timeout's cause ({verdict.cause}): " + "; ".join(verdict.evidence[:1]),
                           notes=[f"no node to blame: {spec.title}"])
     verdict.decided = True
-    return replace(winner, hit=hit, ranks=set(ranks), hosts=set(new_att.hosts)), Role.ROOT_CAUSE, new_att
+    return Relabelled(hit=hit, ranks=set(ranks), hosts=set(new_att.hosts), role=Role.ROOT_CAUSE, attribution=new_att)

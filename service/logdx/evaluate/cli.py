@@ -5,6 +5,7 @@
     python -m logdx.evaluate FOLDER... --sets hangs,divergence --only silent- --keep /tmp/jobs
     python -m logdx.evaluate FOLDER... --sets excerpts --stages                 # what each stage adds
     python -m logdx.evaluate FOLDER... --quick --without store_retries,hub_retries   # what a family costs
+    python -m logdx.evaluate FOLDER... --sets excerpts --hold-out each --compare  # each precise pack held out
 
 Sets: ``excerpts`` (the labelled logs of the folders), ``buried`` (each of them buried in a realistic
 long multi-rank job), ``healthy`` (32 long healthy runs with scary output), ``hangs`` (silent ranks and
@@ -22,6 +23,7 @@ import gzip
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +40,7 @@ from logdx.evaluate.corpus import (
     result_record,
     score_case,
 )
+from logdx.evaluate.holdout import held_out_lines, hold_out_groups, learned_decisions
 from logdx.evaluate.jobs import GENERATED_SETS, describe_job, job_record, label_of, score_job
 from logdx.evaluate.runner import Cascade, Item, JobResult, cascades_of, generated, run_set
 from logdx.evaluate.tables import (
@@ -52,7 +55,7 @@ from logdx.pipeline import Engine
 from logdx.synth.noise import FAMILIES
 from logdx.synth.teardown import FAMILIES as TEARDOWN_FAMILIES
 
-ALL_SETS = ("excerpts", "buried", "healthy", "hangs", "divergence", "pasted", "teardown")
+ALL_SETS = ("excerpts", "buried", "healthy", "hangs", "divergence", "pasted", "teardown", "timeouts", "startup")
 
 
 def _read_log(path: str) -> bytes:
@@ -81,10 +84,10 @@ def generated_items(set_name: str, seed: int, without: frozenset[str] = frozense
 
 _DESCRIBE: dict[str, Callable[[CaseResult, list[str]], list[str]] | None] = {
     "excerpts": None, "buried": describe_burial, "healthy": describe_job, "hangs": describe_job, "divergence": describe_job,
-    "pasted": describe_job, "teardown": describe_job}
+    "pasted": describe_job, "teardown": describe_job, "timeouts": describe_job, "startup": describe_job}
 _RECORD: dict[str, Callable[[CaseResult], dict[str, object]] | None] = {
     "excerpts": None, "buried": burial_record, "healthy": job_record, "hangs": job_record, "divergence": job_record,
-    "pasted": job_record, "teardown": job_record}
+    "pasted": job_record, "teardown": job_record, "timeouts": job_record, "startup": job_record}
 
 
 def _title(set_name: str, results: list[JobResult]) -> tuple[str, str]:
@@ -96,7 +99,9 @@ def _title(set_name: str, results: list[JobResult]) -> tuple[str, str]:
             "healthy": "long healthy runs", "hangs": "hangs (silent ranks, stack dumps)",
             "divergence": "divergences and recovering spikes",
             "pasted": "short pasted excerpts that end in a fatal exception",
-            "teardown": "healthy runs with teardown noise and kernel lines past their end"}[set_name]
+            "teardown": "healthy runs with teardown noise and kernel lines past their end",
+            "timeouts": "collective timeouts, one cause class each",
+            "startup": "healthy runs whose NCCL start-up shows one degradation on one host, or none"}[set_name]
     return f"\n== {set_name}: {what} ({size}{span}) ==", size
 
 
@@ -129,6 +134,12 @@ def _breakdowns(set_name: str, results: list[JobResult], cascade: str) -> list[s
                     + ["  a fatal Xid past the end:"]
                     + breakdown_lines([r for r in results if r.truth.variant.get("late_xid")], cascade,
                                       lambda _r: "late fatal Xid", ("status",)))
+        case "timeouts":
+            return ["  by class:"] + breakdown_lines(results, cascade, lambda r: str(r.truth.variant["timeout_class"]),
+                                                     ("action", "timeout_class", "culprit"))
+        case "startup":
+            return ["  by degradation:"] + breakdown_lines(results, cascade, lambda r: str(r.truth.variant["degradation"]),
+                                                           ("status", "degradation"))
         case "pasted":
             return (["  by crash:"] + breakdown_lines(results, cascade, lambda r: str(r.truth.variant["crash"]), base)
                     + ["  by order:"] + breakdown_lines(results, cascade, lambda r: str(r.truth.variant["order"]), ("status",))
@@ -151,11 +162,16 @@ def run(args: argparse.Namespace) -> int:
     quick = args.quick
     settings.llm.enabled = settings.llm.enabled and not (args.no_llm or quick)
     settings.retrieval.enabled = settings.retrieval.enabled and not (args.no_retrieval or quick)
+    default_stage = settings.arbiter.stage
+    if args.compare:
+        settings.arbiter.stage = "both" if settings.llm.enabled else "classifier"
     t0 = time.perf_counter()
     engine = Engine.create(settings)
     load_s = {stage: round(sec, 2) for stage, sec in engine.warm_up().items()}
     load_s["engine_total"] = round(time.perf_counter() - t0, 2)
-    cascades = cascades_of(engine, quick=quick)
+    cascades = cascades_of(engine, quick=quick, compare=args.compare, default_stage=default_stage)
+    if args.hold_out:
+        return _hold_out(args, sets, cases, engine, cascades)
     shown = cascades[-1].name
     all_figures: dict[str, dict[str, dict[str, Any]]] = {}
     sizes: dict[str, str] = {}
@@ -172,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
         figures = set_figures(results, cascades)
         all_figures[set_name] = figures
         title, sizes[set_name] = _title(set_name, results)
-        extra = {"hangs": ("culprit_rank", "culprit_host"), "divergence": ("step",)}.get(set_name, ())
+        extra = {"hangs": ("culprit_rank", "culprit_host"), "divergence": ("step",),
+                 "timeouts": ("timeout_class",), "startup": ("degradation",)}.get(set_name, ())
         print("\n".join(table_lines(title, figures, extra)))
         print("\n".join(_breakdowns(set_name, results, shown)))
         print("\n".join(calibration_lines(figures, shown)))
@@ -194,6 +211,51 @@ def run(args: argparse.Namespace) -> int:
         out_json["stages"] = rows
     print(f"\n== summary ({', '.join(c.name for c in cascades)}; {time.perf_counter() - t_all:.0f} s) ==")
     print("\n".join(summary_lines(all_figures, sizes)))
+    if args.json:
+        args.json.write_text(json.dumps(out_json, indent=1, default=str))
+    worse = regressions(all_figures)
+    if worse:
+        print(f"\nevaluate: the default cascade is worse than rules alone in {len(worse)} place(s):\n  "
+              + "\n  ".join(worse), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _hold_out(args: argparse.Namespace, sets: list[str], cases: list[dict], engine: Engine,
+              cascades: list[Cascade]) -> int:
+    """Each group of packs held out in turn (holdout.py): a table per run and set, then one row per run."""
+    full = engine.rules
+    try:
+        groups = hold_out_groups(args.hold_out, full)
+    except ValueError as e:
+        print(f"evaluate: error: --hold-out: {e}", file=sys.stderr)
+        return 2
+    all_figures: dict[str, dict[str, dict[str, Any]]] = {}
+    rows: list[tuple[str, dict[str, dict]]] = []
+    decisions: dict[str, Counter[str]] = {c.name: Counter() for c in cascades}
+    out_json: dict[str, Any] = {"cascades": [c.name for c in cascades], "hold_out": {}}
+    try:
+        for group, held_out in groups:
+            engine.rules = engine.diagnoser.rules = held_out
+            for set_name in sets:
+                items = _items(set_name, cases, args)
+                if args.only:
+                    items = [i for i in items if args.only in i.case_id]
+                if not items:
+                    continue
+                results = run_set(set_name, items, engine, cascades)
+                figures = set_figures(results, cascades)
+                key = f"{set_name} without {group}"
+                all_figures[key] = figures
+                rows.append((group if len(sets) == 1 else key, figures))
+                title, _ = _title(set_name, results)
+                print("\n".join(table_lines(title.replace(" ==", f"; held out: {group} =="), figures)))
+                for c in cascades:
+                    decisions[c.name].update(learned_decisions(results, c.name))
+                out_json["hold_out"][key] = {"figures": figures, "runs": [_record(set_name, r, cascades) for r in results]}
+    finally:
+        engine.rules = engine.diagnoser.rules = full
+    print("\n".join(held_out_lines(rows, cascades, decisions)))
     if args.json:
         args.json.write_text(json.dumps(out_json, indent=1, default=str))
     worse = regressions(all_figures)
@@ -255,6 +317,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--misses", type=int, default=25, metavar="N",
                    help="print the first N misses of each set (0: none, -1: all; default 25)")
     p.add_argument("--json", type=Path, help="also write every figure and run as JSON here")
+    p.add_argument("--hold-out", metavar="each|precise|PACK,...",
+                   help="diagnose with rule packs held out: each precise pack in turn, all of them at once, or these")
+    p.add_argument("--compare", action="store_true",
+                   help="also the cascades of each arbiter (arbiter.stage): retrieval alone, classifier, llm, both")
     return p
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from logdx.act.report import Report
+from logdx.jobinput.read import diagnose_paths
 from logdx.model import Action
 from logdx.pipeline import Engine
 
@@ -24,7 +25,7 @@ from logdx.pipeline import Engine
 _ACTION_ALIASES = {"fix_script": Action.NO_RESTART.value, "fix_config": Action.NO_RESTART.value}
 FIELDS = ("status", "category", "action", "failure_type", "root_line", "culprit")
 # Whole-job sets score more: the culprit's rank and host apart (hangs), the step a divergence began.
-JOB_FIELDS = ("culprit_rank", "culprit_host", "step")
+JOB_FIELDS = ("culprit_rank", "culprit_host", "step", "timeout_class", "degradation")
 
 
 @dataclass
@@ -115,7 +116,9 @@ def evaluate(cases: list[dict], engine: Engine, *, leave_one_out: bool = True) -
         if leave_one_out:
             engine.diagnoser.exclude_incidents = tuple(same_incidents(engine, label))
         t0 = time.perf_counter()
-        report, _ = engine.diagnose_path(label["_log"])
+        # As `diagnose FILE` reads it (its format sniffed, the year of stamps without one from its first full
+        # stamp or its file's time), not a bare line feed: measured as users send logs.
+        report = diagnose_paths(engine, [str(label["_log"])]).report
         result = CaseResult(label["id"], label, report, seconds=time.perf_counter() - t0)
         result.correct = score_case(label, report)
         results.append(result)
@@ -136,12 +139,13 @@ def same_incidents(engine: Engine, label: dict) -> list[str]:
 
 # -- stages: what retrieval and the LLM add to the rules ------------------------------------------------
 
-# (row, catalog, retrieval, llm): each row adds one stage to the one above it.
+# (row, catalog, retrieval, arbiter, llm): each row adds one stage to the one above it.
 _STAGES = (
-    ("rules", False, False, False),
-    ("rules + catalog", True, False, False),
-    ("rules + catalog + retrieval", True, True, False),
-    ("rules + catalog + retrieval + LLM", True, True, True),
+    ("rules", False, False, False, False),
+    ("rules + catalog", True, False, False, False),
+    ("rules + catalog + retrieval", True, True, False, False),
+    ("rules + catalog + retrieval + arbiter", True, True, True, False),
+    ("rules + catalog + retrieval + arbiter + LLM", True, True, True, True),
 )
 
 
@@ -149,14 +153,18 @@ def evaluate_stages(cases: list[dict], engine: Engine) -> list[dict[str, object]
     """The same cases through each cascade, each row one stage more; the models stay loaded between
     rows. A row also says which cases the added stage fixed and which it broke."""
     d = engine.diagnoser
-    catalog, retrieval, llm = d.catalog, d.retrieval, d.llm
+    catalog, retrieval, arbiter, llm = d.catalog, d.retrieval, d.arbiter, d.llm
     rows: list[dict[str, object]] = []
     previous: dict[str, bool] | None = None
-    for name, use_catalog, use_retrieval, use_llm in _STAGES:
-        if (use_catalog and catalog is None) or (use_retrieval and retrieval is None) or (use_llm and llm is None):
+    for name, use_catalog, use_retrieval, use_arbiter, use_llm in _STAGES:
+        if (use_catalog and catalog is None) or (use_retrieval and retrieval is None) or (use_llm and llm is None) \
+                or (use_arbiter and arbiter is None):
             continue
+        if arbiter is None and llm is not None:
+            name = name.replace(" + arbiter", "")
         d.catalog = catalog if use_catalog else None
         d.retrieval = retrieval if use_retrieval else None
+        d.arbiter = arbiter if use_arbiter else None
         d.llm = llm if use_llm else None
         if retrieval is not None and hasattr(retrieval, "_query_cache"):
             retrieval._query_cache.clear()  # time real embeddings, not the previous row's cache
@@ -167,7 +175,7 @@ def evaluate_stages(cases: list[dict], engine: Engine) -> list[dict[str, object]
         rows.append({"stages": name, "accuracy": summarize(results), "latency_ms": stage_latencies(results),
                      "calibration": calibration(results), "fixed": gained, "broke": lost})
         previous = right
-    d.catalog, d.retrieval, d.llm = catalog, retrieval, llm
+    d.catalog, d.retrieval, d.arbiter, d.llm = catalog, retrieval, arbiter, llm
     return rows
 
 
@@ -278,5 +286,11 @@ def result_record(r: CaseResult) -> dict[str, object]:
         "got": {"status": rep.status, "category": rep.category, "failure_type": rep.failure_type,
                 "action": rep.action, "culprits": rep.culprits.model_dump(),
                 "root_line_no": rep.root_cause.line_no if rep.root_cause else None,
-                "root_text": rep.root_cause.text if rep.root_cause else None},
+                "root_text": rep.root_cause.text if rep.root_cause else None,
+                "decided_by": rep.decided_by, "confidence": rep.confidence,
+                "learned_notes": [n for n in rep.notes if n.startswith(_LEARNED_NOTES)]},
     }
+
+
+# The notes of the stages after the rules (what they said, abstentions included): kept in --json.
+_LEARNED_NOTES = ("arbiter", "llm", "retrieval", "catalog", "fusion")

@@ -24,6 +24,8 @@ from logdx.synth.hangs import hang_set
 from logdx.synth.healthy import healthy_set, teardown_set
 from logdx.synth.longjob import GeneratedCase, JobTruth
 from logdx.synth.pasted import pasted_set
+from logdx.synth.startup import startup_set
+from logdx.synth.timeouts import timeout_set
 
 # set name -> its cases (deterministic in the seed)
 GENERATED_SETS: dict[str, Callable[[int], list[GeneratedCase]]] = {
@@ -32,6 +34,8 @@ GENERATED_SETS: dict[str, Callable[[int], list[GeneratedCase]]] = {
     "divergence": lambda seed: divergence_set(5, 8, seed),
     "pasted": lambda seed: pasted_set(48, seed),
     "teardown": lambda seed: teardown_set(24, seed),
+    "timeouts": lambda seed: timeout_set(8, seed),
+    "startup": lambda seed: startup_set(4, 12, seed),
 }
 _MAX_NAMED = 2  # a culprit list longer than this does not single anyone out
 
@@ -60,9 +64,16 @@ def _names(want: list[Any], got: list[Any]) -> bool:
 
 
 def score_job(truth: JobTruth, report: Report) -> dict[str, bool | None]:
+    want_class = truth.variant.get("timeout_class")  # timeouts: the report's `timeout.cause`
+    got_class = None if want_class is None else report.timeout is not None and report.timeout.cause == want_class
+    degradation = None
+    if "degradation" in truth.variant:  # startup: the one degradation on its host, nothing on a clean start-up
+        want = {(truth.variant["degradation"], truth.variant["degraded_host"])} if truth.variant["degradation"] else set()
+        degradation = {(g.kind, g.host) for g in report.degradations} == want
     if truth.status == "healthy":
         return {"status": report.status == "healthy", "category": None, "action": None, "failure_type": None,
-                "root_line": None, "culprit": None, "culprit_rank": None, "culprit_host": None, "step": None}
+                "root_line": None, "culprit": None, "culprit_rank": None, "culprit_host": None, "step": None,
+                "timeout_class": None, "degradation": degradation}
     c = report.culprits
     rank = _names(truth.culprit_ranks, c.ranks) if truth.culprit_ranks else None
     host = _names(truth.culprit_hosts, c.hosts) if truth.culprit_hosts else None
@@ -80,6 +91,8 @@ def score_job(truth: JobTruth, report: Report) -> dict[str, bool | None]:
         "culprit_rank": rank,
         "culprit_host": host,
         "step": step,
+        "timeout_class": got_class,
+        "degradation": degradation,
     }
 
 

@@ -29,14 +29,31 @@ class Cascade:
     name: str
     retrieval: bool
     llm: bool
+    arbiter: bool = False
+    same_as: str | None = None  # the report of that cascade (of the same stages), not diagnosed twice
 
 
-def cascades_of(engine: Engine, *, quick: bool) -> list[Cascade]:
-    """``rules`` always; ``default`` when the engine has a later stage and ``quick`` is off."""
+# What `compare` adds: each arbiter in turn, behind retrieval (arbiter.stage's choices).
+_ARBITERS = (("retrieval", False, False), ("classifier", True, False), ("llm", False, True), ("both", True, True))
+
+
+def cascades_of(engine: Engine, *, quick: bool, compare: bool = False, default_stage: str | None = None) -> list[Cascade]:
+    """``rules`` always; ``default`` when the engine has a later stage and ``quick`` is off. ``compare``: also
+    retrieval without an arbiter, then the classifier, the LLM and both (whichever the engine has), ``default``
+    being the one ``default_stage`` (arbiter.stage) names."""
     d = engine.diagnoser
     out = [Cascade("rules", False, False)]
-    if not quick and (d.retrieval is not None or d.llm is not None):
-        out.append(Cascade("default", d.retrieval is not None, d.llm is not None))
+    if quick or (d.retrieval is None and d.llm is None and d.arbiter is None):
+        return out
+    if not compare:
+        return [*out, Cascade("default", d.retrieval is not None, d.llm is not None, d.arbiter is not None)]
+    for name, arbiter, llm in _ARBITERS:
+        if (arbiter and d.arbiter is None) or (llm and d.llm is None):
+            continue
+        out.append(Cascade(name, d.retrieval is not None, llm, arbiter))
+    names = [c.name for c in out]
+    if default_stage in names:
+        out.append(Cascade("default", False, False, same_as=default_stage))
     return out
 
 
@@ -91,19 +108,25 @@ def diagnose_log(engine: Engine, data: bytes, cascades: list[Cascade], exit_code
     # Read as `diagnose` reads a text log (`logdx.jobinput`), with no year but its own lines' (the bytes have no file).
     OneInput(io.BytesIO(data), "log", "text", engine.settings.input).feed(session)
     d = engine.diagnoser
-    saved = (d.retrieval, d.llm, d.exclude_incidents)
+    saved = (d.retrieval, d.llm, d.arbiter, d.exclude_incidents)
     reports: dict[str, Report] = {}
     exit_reports: dict[str, Report] = {}
     try:
         for c in cascades:
+            if c.same_as is not None:
+                reports[c.name] = reports[c.same_as]
+                if c.same_as in exit_reports:
+                    exit_reports[c.name] = exit_reports[c.same_as]
+                continue
             d.retrieval = saved[0] if c.retrieval else None
             d.llm = saved[1] if c.llm else None
+            d.arbiter = saved[2] if c.arbiter else None
             d.exclude_incidents = exclude
             reports[c.name] = session.report()
             if exit_code is not None:
                 exit_reports[c.name] = session.report(exit_code=exit_code)
     finally:
-        d.retrieval, d.llm, d.exclude_incidents = saved
+        d.retrieval, d.llm, d.arbiter, d.exclude_incidents = saved
     return reports, exit_reports
 
 

@@ -12,7 +12,8 @@ from logdx.evaluate.runner import Cascade, JobResult, by_cascade
 COLUMNS = ("status", "category", "action", "failure_type", "root_line", "culprit")
 _HEAD = {"status": "status", "category": "category", "action": "action", "failure_type": "failure type",
          "root_line": "root line", "culprit": "culprit", "culprit_rank": "culprit rank", "culprit_host": "culprit host",
-         "step": "div. step"}
+         "step": "div. step", "timeout_class": "timeout class",
+         "degradation": "degradation"}
 
 
 def set_figures(results: list[JobResult], cascades: list[Cascade]) -> dict[str, dict[str, Any]]:

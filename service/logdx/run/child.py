@@ -16,20 +16,44 @@ import threading
 import time
 from collections import deque
 from queue import Queue
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from logdx.model import EventKind
 from logdx.normalize import Source
 from logdx.run import pauses
 from logdx.run.checkpoints import CheckpointTracker
-from logdx.run.options import Attempt
+from logdx.run.options import Attempt, RunOptions
 
 if TYPE_CHECKING:
     from logdx.act.report import Report
-    from logdx.run.supervisor import Supervisor
+    from logdx.pipeline import Engine
 
 _READ_CHUNK = 64 * 1024
 _POLL_S = 0.05
+
+
+class Supervising(Protocol):
+    """What an attempt asks of the `Supervisor` that runs it (run/supervisor.py): its options, engine and
+    checkpoint tracker, a place to say things, the stall timeout, whether a signal came; it marks itself
+    the current attempt while its child runs."""
+
+    current: AttemptRunner | None
+
+    @property
+    def opts(self) -> RunOptions: ...
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def checkpoints(self) -> CheckpointTracker: ...
+
+    @property
+    def interrupted(self) -> int | None: ...
+
+    def say(self, msg: str) -> None: ...
+
+    def stall_timeout(self, watch: Watch) -> float | None: ...
 
 
 class Watch:
@@ -70,7 +94,7 @@ class Watch:
 
 
 class AttemptRunner:
-    def __init__(self, sup: Supervisor, attempt: Attempt, env: dict[str, str]) -> None:
+    def __init__(self, sup: Supervising, attempt: Attempt, env: dict[str, str]) -> None:
         self.sup = sup
         self.attempt = attempt
         self.env = env

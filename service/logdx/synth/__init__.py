@@ -60,7 +60,9 @@ Whole jobs (what ``make eval`` measures beside the excerpts)
     a loss spike that recovers...; each family's source is in its docstring), as a ``Realism`` profile
     drawn from the job's seed; ``longjob.py`` the ``JobTruth`` of a generated whole job and its
     realistic start; ``healthy.py`` long healthy runs of every framework; ``hangs.py`` silent-rank and
-    stack-dump hangs; ``divergence.py`` loss divergences and recovering spikes; ``bury(...,
+    stack-dump hangs; ``divergence.py`` loss divergences and recovering spikes; ``timeouts.py`` collective
+    timeouts of each cause class (cpu_side, misconfig, gpu_hang, network); ``startup.py`` healthy runs whose NCCL
+    start-up shows one degradation on one host (or none); ``bury(...,
     realism=True)`` buries a real excerpt in such a job. Each module documents its labels; the truth is
     the generator's, never logdx's.
 

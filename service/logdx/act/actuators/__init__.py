@@ -9,14 +9,12 @@ at import): the configuration imports it. `logdx.act.actions.Actions` applies th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from logdx.act.actuators.base import ActionFailed, Actuator, ActuatorClass, NodeName, RestartHook, node_names
 from logdx.act.actuators.kubernetes import TAINT_KEY, KubernetesActuator
 from logdx.act.actuators.slurm import SlurmActuator
-
-if TYPE_CHECKING:
-    from logdx.config import ActionsSettings
+from logdx.settings_base import Section
 
 __all__ = [
     "ACTUATORS",
@@ -24,6 +22,7 @@ __all__ = [
     "ActionFailed",
     "Actuator",
     "ActuatorClass",
+    "ChosenActuator",
     "KubernetesActuator",
     "NodeName",
     "RestartHook",
@@ -36,7 +35,17 @@ __all__ = [
 ACTUATORS: dict[str, ActuatorClass] = {cls.name: cls for cls in (KubernetesActuator, SlurmActuator)}
 
 
-def make_actuator(settings: ActionsSettings) -> Actuator | None:
+class ChosenActuator(Protocol):
+    """What `make_actuator` reads of the settings (`logdx.config.ActionsSettings`, which imports this
+    registry: naming it here would be an import circle)."""
+
+    @property
+    def actuator(self) -> str: ...
+
+    def actuator_settings(self) -> Section | None: ...
+
+
+def make_actuator(settings: ChosenActuator) -> Actuator | None:
     """The configured actuator, built from its own section; None for `actions.actuator: none`."""
     cls = ACTUATORS.get(settings.actuator)
     return cls(settings.actuator_settings()) if cls is not None else None

@@ -25,10 +25,11 @@ class Alert:
     done: tuple[str, ...] = ()  # what logdx did about it, one sentence each
     resolved: str = ""  # a follow-up: why the failure is over (the job succeeded, the node is back)
     page_url: str = ""  # the job's page (`GET /jobs/{id}`), with server.public_url set
+    advice: bool = False  # advice, no action: what the running job's start-up says will slow it (report.degradations)
 
     @property
     def kind(self) -> str:
-        return "resolved" if self.resolved else "diagnosis"
+        return "resolved" if self.resolved else "advice" if self.advice else "diagnosis"
 
 
 class Destination(Protocol):

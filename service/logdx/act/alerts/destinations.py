@@ -7,18 +7,22 @@ the configuration at run time (it would be an import cycle).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from logdx.act.alerts.base import Destination, DestinationClass
 from logdx.act.alerts.slack import SlackDestination
 from logdx.act.alerts.webhook import WebhookDestination
-
-if TYPE_CHECKING:
-    from logdx.config import AlertsSettings
+from logdx.settings_base import Section
 
 DESTINATIONS: tuple[DestinationClass, ...] = (SlackDestination, WebhookDestination)
 
 
-def destinations(settings: AlertsSettings) -> list[Destination]:
+class ConfiguredDestinations(Protocol):
+    """What `destinations` reads of the settings (`logdx.config.AlertsSettings`, which imports this registry)."""
+
+    def destination_settings(self, kind: DestinationClass) -> list[Section]: ...
+
+
+def destinations(settings: ConfiguredDestinations) -> list[Destination]:
     """Every configured destination, kind by kind, each list in its configured order."""
     return [kind(item, i) for kind in DESTINATIONS for i, item in enumerate(settings.destination_settings(kind))]

@@ -9,6 +9,8 @@
   sent); another job's alert never is.
 - `resolve_job(job_id, why)` / `resolve_node(node, why)` queue a "resolved" follow-up to each alert
   about that job (it later succeeded) or node (it was uncordoned), once.
+- `enqueue_advice(job_id, degradations)` queues advice (no action) about what a running job's start-up says will
+  slow it, once per job and (kind, host), whatever replica or restart sees it again.
 - `Outbox.deliver_due()` sends what is due. A 2xx answer is a delivery; anything else (or no answer)
   is retried with capped exponential backoff and jitter, up to `alerts.max_attempts` attempts, after
   which the failure is recorded. `410 Gone` is final at once; `Retry-After` is honoured (capped).
@@ -40,8 +42,9 @@ from logdx import __version__
 from logdx.act.alerts.base import Alert, Destination, clip, job_page_url, report_url
 from logdx.act.alerts.destinations import destinations
 from logdx.act.history import lineage_of
-from logdx.act.report import Report
+from logdx.act.report import CompressionFigures, Culprits, DegradationBlock, Report
 from logdx.config import AlertsSettings
+from logdx.model import Action
 from logdx.store import Store, migrate
 
 log = logging.getLogger(__name__)
@@ -145,6 +148,17 @@ def dedupe_key(job_id: str, report: Report) -> str:
     return "d:" + hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:32]
 
 
+def advice_report(degradations: Sequence[DegradationBlock]) -> Report:
+    """What an advice alert carries: the degradations, nothing failed, no action (the job still runs)."""
+    hosts = sorted({g.host for g in degradations})
+    return Report(status="unknown", category=None, failure_type=None, action=Action.NONE, confidence=0.0,
+                  culprits=Culprits(hosts=hosts, basis="NCCL's start-up lines on those hosts"), root_cause=None,
+                  evidence=[], explanation="; ".join(f"{g.host}: {g.kind} (line {g.line_no})" for g in degradations),
+                  hint=degradations[0].effect, compression=CompressionFigures(lines_in=0, templates=0, lines_kept=0),
+                  timings_ms={}, degradations=list(degradations),
+                  notes=["advice while the job runs: nothing failed, nothing is done about it"])
+
+
 def _nodes_field(report: Report) -> str:
     """The culprit nodes as stored for matching (`,a,b,`): LIKE '%,a,%' finds one."""
     hosts = sorted({h.lower() for h in report.culprits.hosts})
@@ -213,6 +227,30 @@ class Outbox:
             self._queue(key, Alert(job_id, report, tuple(done)), dests, now)
         self.counters[("enqueue", "ok")] += 1
         return True
+
+    def enqueue_advice(self, job_id: str, degradations: Sequence[DegradationBlock]) -> int:
+        """Queue one advice alert (no action) about those of `degradations` not advised yet for this job (per
+        kind and host); returns how many it names (0: all were advised before, or no destination)."""
+        dests = destinations(self.settings)
+        if not dests or not degradations:
+            return 0
+        now = self.clock()
+        fresh: list[DegradationBlock] = []
+        keys: list[str] = []
+        with self.db.transaction(lock=ENQUEUE_LOCK):
+            for g in degradations:
+                key = "a:" + hashlib.sha256(f"{job_id}\x1f{g.kind}\x1f{g.host.lower()}".encode("utf-8", "replace")
+                                            ).hexdigest()[:32]
+                cur = self.db.execute(
+                    "INSERT INTO alert_keys(dedupe_key, job_id, report_id, created_at, kind, failure_type, nodes)"
+                    " VALUES (?,?,?,?,?,?,?) ON CONFLICT DO NOTHING", (key, job_id, "", now, "advice", g.kind, ""))
+                if cur.rowcount:
+                    fresh.append(g)
+                    keys.append(key)
+            if fresh:  # one message for what arrived together, filed under the first of its keys
+                self._queue(keys[0], Alert(job_id, advice_report(fresh), advice=True), dests, now)
+        self.counters[("advice", "ok" if fresh else "duplicate")] += 1
+        return len(fresh)
 
     def _same_node_alert(self, job_id: str, report: Report, nodes: str, now: float) -> str | None:
         """The key of an alert about another attempt of the same job (its restarts: `NAME.attempt-N`),

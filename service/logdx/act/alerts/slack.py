@@ -37,6 +37,8 @@ def slack_payload(alert: Alert, report_url: str | None) -> dict:
     """A Block Kit message: what failed, where, what is recommended and what was done, the root line."""
     if alert.resolved:
         return _resolved_payload(alert, report_url)
+    if alert.advice:
+        return _advice_payload(alert)
     job_id, report = alert.job_id, alert.report
     if report.status == "healthy":
         headline = f"logdx: job {job_id}: no failure found"
@@ -96,6 +98,21 @@ def _resolved_payload(alert: Alert, report_url: str | None) -> dict:
     if links:
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(links)}]})
     return {"text": clip(f"{headline}: {alert.resolved}", 300), "blocks": blocks}
+
+
+def _advice_payload(alert: Alert) -> dict:
+    """What a running job's start-up says will slow it: one line per degradation, no action."""
+    headline = f"logdx: advice for job {alert.job_id}: its start-up shows what will slow it (no action taken)"
+    lines = [f"*{_esc(g.kind)}* on `{_esc(g.host)}` (line {g.line_no}): {_esc(clip(g.effect, 400))}"
+             for g in alert.report.degradations]
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": clip(headline, 150), "emoji": False}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": clip("\n".join(lines), 2900)}},
+    ]
+    if alert.page_url:
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"<{alert.page_url}|The job page>"}]})
+    return {"text": clip(f"{headline}: " + "; ".join(f"{g.kind} on {g.host}" for g in alert.report.degradations), 300),
+            "blocks": blocks}
 
 
 class SlackSettings(Section):

@@ -29,6 +29,7 @@ from logdx.settings_base import Section
 
 EVENT_TYPE = "logdx.diagnosis"
 RESOLVED_TYPE = "logdx.resolved"
+ADVICE_TYPE = "logdx.advice"
 SECRET_PREFIX = "whsec_"
 SECRET_MIN_BYTES = 24  # the Standard Webhooks specification's minimum key size
 
@@ -99,8 +100,13 @@ def verify(secret: str, headers: Mapping[str, str], body: bytes, tolerance_s: in
 
 def webhook_payload(alert: Alert, report_url: str | None, now: float | None = None) -> dict:
     """The generic webhook body (Standard Webhooks' `type`/`timestamp`/`data` shape): the report, the
-    recommended action and what was done; or (`logdx.resolved`) why the failure is over."""
+    recommended action and what was done; or (`logdx.resolved`) why the failure is over; or (`logdx.advice`) the
+    degradations a running job's start-up shows."""
     ts = datetime.fromtimestamp(time.time() if now is None else now, tz=UTC)
+    if alert.advice:  # what a running job's start-up says will slow it: advice, no action
+        advice = {"job_id": alert.job_id, "page_url": alert.page_url or None, "recommended": "none (advice)",
+                  "degradations": [g.model_dump(mode="json") for g in alert.report.degradations]}
+        return {"type": ADVICE_TYPE, "timestamp": ts.isoformat().replace("+00:00", "Z"), "data": advice}
     data = {"job_id": alert.job_id, "report_url": report_url, "page_url": alert.page_url or None, "recommended": recommended_action(alert.report),
             "cost": cost_sentence(alert.report) or None, "done": list(alert.done), "report": alert.report.model_dump(mode="json")}
     if alert.resolved:

@@ -21,7 +21,14 @@ from typing import Any
 from logdx.config import LLMSettings
 from logdx.diagnose.llm import gemma_numpy
 from logdx.diagnose.llm.convert import ConversionInfo, ensure_converted, model_dir
-from logdx.diagnose.llm.labels import candidate_labels, example_dict, proposed_labels, query_lines, render_explanation
+from logdx.diagnose.llm.labels import (
+    candidate_labels,
+    example_dict,
+    near_misses,
+    proposed_labels,
+    query_lines,
+    render_explanation,
+)
 from logdx.diagnose.llm.prompts import Prompts
 from logdx.diagnose.llm.stage import BaseStage, ExampleSource, LLMUnavailable, unavailable
 from logdx.diagnose.threads import auto_threads, blas_threads, torch_threads
@@ -235,10 +242,7 @@ class EmbeddedScorer(BaseStage):
     def _vote(self, ctx: FailureContext, prior_votes: Sequence[StageVote], examples: Sequence[Any]) -> StageVote:
         if not (ctx.root_text or ctx.root_masked or ctx.templates or ctx.excerpt):
             return unavailable("empty failure context")
-        # The nearest incidents' labels are candidates when retrieval cast no vote (none above its threshold):
-        # its near misses are then the only evidence of what this may be. When it voted, its vote says it.
-        voted = any(v.source == "retrieval" and v.scores for v in prior_votes)
-        near = () if voted else examples
+        near = near_misses(prior_votes, examples)
         labels = candidate_labels(prior_votes, ctx, self.settings.max_candidates, near)
         prompt = self.build_prompt(ctx, examples)
         conts = [

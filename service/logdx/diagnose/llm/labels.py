@@ -82,6 +82,14 @@ def candidate_labels(
     return list(out.values())
 
 
+def near_misses(prior_votes: Sequence[StageVote], examples: Sequence[Any]) -> Sequence[Any]:
+    """The nearest incidents whose labels count as evidence: all of them when retrieval cast no vote (none
+    above its threshold: its near misses are then the only evidence of what this may be), else none (its
+    vote says it)."""
+    voted = any(v.source == "retrieval" and v.scores for v in prior_votes)
+    return () if voted else examples
+
+
 def proposed_labels(prior_votes: Sequence[StageVote], ctx: FailureContext | None, examples: Sequence[Any]) -> set[tuple[str, str]]:
     """The (category, failure_type) pairs some evidence proposed: an earlier stage, the exception's class,
     a near incident. A label only the defaults put in the set may be scored, never chosen alone."""

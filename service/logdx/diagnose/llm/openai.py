@@ -36,8 +36,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from logdx.compress import _has_error_word as has_error_word  # made public once the compressor split lands
 from logdx.config import LLMSettings
-from logdx.diagnose.llm.labels import candidate_labels, example_dict, query_lines
+from logdx.diagnose.llm.labels import candidate_labels, example_dict, near_misses, proposed_labels, query_lines
 from logdx.diagnose.llm.prompts import Prompts
 from logdx.diagnose.llm.redact import Redactor, redacts
 from logdx.diagnose.llm.stage import BaseStage, ExampleSource, LLMUnavailable
@@ -187,11 +188,12 @@ class OpenAICompatibleClient(BaseStage):
         redactor: Redactor | None = None,
     ) -> list[dict[str, str]]:
         """The request's messages; with a `redactor`, the log's names masked (what goes to a hosted model)."""
-        cands = [f"{lab.category.value}/{lab.failure_type}" for lab in candidate_labels(prior_votes, ctx, 8)]
+        near = near_misses(prior_votes, examples)
+        cands = [f"{lab.category.value}/{lab.failure_type}" for lab in candidate_labels(prior_votes, ctx, 8, near)]
         user = self.prompts.render(
             "chat/user.j2",
             examples=[example_dict(e) for e in list(examples)[: self.settings.max_examples]],
-            candidates=cands if prior_votes else [],
+            candidates=cands if prior_votes or near else [],
             exception_type=ctx.exception_type,
             lines=query_lines(ctx, 20),
         )
@@ -319,14 +321,26 @@ class OpenAICompatibleClient(BaseStage):
         explanation = redactor.unmask(answer.explanation) if redactor is not None else answer.explanation
         action = answer.action or default_action(answer.category, answer.failure_type)
         label = Label(answer.category, answer.failure_type, action)
-        lines = query_lines(ctx, 20)
+        # The same guard as the embedded model's: a label no rule, exception or past incident proposed may be
+        # what the server says, never what decides.
+        if (label.category.value, label.failure_type) not in proposed_labels(prior_votes, ctx, near_misses(prior_votes, examples)):
+            return StageVote(source="llm", scores=[], note=(
+                f"llm abstains: the server's label, {label.category.value}/{label.failure_type} "
+                f"(it said p={answer.confidence:.2f}), is one no rule, exception or past incident proposed"))
+        notes = []
         root = ctx.root_text
-        if answer.root_line_no is not None and answer.root_line_no <= len(lines):
-            root = lines[answer.root_line_no - 1]
+        line = _root_line(query_lines(ctx, 20), answer.root_line_no)
+        if line is not None:
+            root = line
+        elif answer.root_line_no is not None:
+            notes.append(f"llm: its root_line_no {answer.root_line_no} is no error-bearing line of those it was "
+                         "shown: the rules' root line stands")
+        # A model's own confidence is not calibrated (small ones say 0.9 whatever they read): capped.
+        confidence = min(answer.confidence, self.settings.server_max_confidence)
         evidence = [Evidence(line_no=None, text=root, source=f"llm:{self.name}")] if root else []
         return StageVote(
-            source="llm", scores=[(label, answer.confidence)], evidence=evidence,
-            explanation=" ".join(explanation.split()) or None,
+            source="llm", scores=[(label, confidence)], evidence=evidence,
+            explanation=" ".join(explanation.split()) or None, note="; ".join(notes) or None,
         )
 
     # -- warm-up --------------------------------------------------------------------------------
@@ -384,3 +398,11 @@ def _message_content(body: bytes) -> str:
     if not isinstance(content, str):
         raise _InvalidReply("the reply has no text content")
     return content
+
+
+def _root_line(lines: Sequence[str], line_no: int | None) -> str | None:
+    """The line a reply names as the root, when it is one of the lines shown and bears an error word."""
+    if line_no is None or not 1 <= line_no <= len(lines):
+        return None
+    line = lines[line_no - 1]
+    return line if has_error_word(line) else None

@@ -25,12 +25,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-if TYPE_CHECKING:
-    from logdx.api.services import Services
+if TYPE_CHECKING:  # annotations only, and neither imports this module: no circle
+    from logdx.bus.base import LineBus
+    from logdx.config import Settings
+    from logdx.store_base import Store
 
-__all__ = ["Check", "Component", "Probe", "Readiness", "dependency_probes"]
+__all__ = ["Check", "Component", "Dependencies", "Probe", "Readiness", "dependency_probes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +128,25 @@ class Readiness:
         return "waiting for " + "; ".join(f"{name}: {reason}" for name, reason in waiting.items())
 
 
-def dependency_probes(services: Services) -> dict[str, Probe]:
+class _Cluster(Protocol):
+    @property
+    def bus(self) -> LineBus: ...
+
+
+class Dependencies(Protocol):
+    """What the probes look at (the service's `Services`): the settings, the store, the cluster if any."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def db(self) -> Store: ...
+
+    @property
+    def cluster(self) -> _Cluster | None: ...
+
+
+def dependency_probes(services: Dependencies) -> dict[str, Probe]:
     """The probes of what the replica stands on: the store always, the line bus with several replicas."""
     from logdx.bus.base import BusError
     from logdx.store_base import StoreError

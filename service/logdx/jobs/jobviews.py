@@ -4,16 +4,14 @@ it is held here, else as stored (an ended job, one another replica owns, or whil
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from logdx.api.jobstate import Job, summary_dict, template_dict
+from logdx.jobs.jobstate import Job, summary_dict, template_dict
+from logdx.jobs.ports import ViewedJobs
 from logdx.pipeline import Session
 
-if TYPE_CHECKING:
-    from logdx.api.jobs import JobManager
 
-
-def _view(jobs: JobManager, job: Job) -> tuple[dict[str, Any], dict[str, Any] | None, bool | None, int]:
+def _view(jobs: ViewedJobs, job: Job) -> tuple[dict[str, Any], dict[str, Any] | None, bool | None, int]:
     """The job's row, compression figures, whether a root cause was seen, and its lines: from
     the session when the job is open (loading it), else as stored (an ended job, or while the
     engine loads: figures come once the lines are applied)."""
@@ -29,7 +27,7 @@ def _view(jobs: JobManager, job: Job) -> tuple[dict[str, Any], dict[str, Any] | 
     return row, compression, None, int(row.get("lines") or 0)
 
 
-def describe(jobs: JobManager, job: Job) -> dict[str, Any]:
+def describe(jobs: ViewedJobs, job: Job) -> dict[str, Any]:
     """State, compression figures, last diagnosis, report history (loads an open job)."""
     row, compression, root_cause_seen, lines = _view(jobs, job)
     reports = jobs.db.query(
@@ -55,7 +53,7 @@ def describe(jobs: JobManager, job: Job) -> dict[str, Any]:
     }
 
 
-def templates(jobs: JobManager, job: Job, limit: int, errors_only: bool) -> dict[str, Any]:
+def templates(jobs: ViewedJobs, job: Job, limit: int, errors_only: bool) -> dict[str, Any]:
     session: Session | None = None
     with job.tlock:
         row = jobs.row(job.id) or {}
@@ -77,7 +75,7 @@ def templates(jobs: JobManager, job: Job, limit: int, errors_only: bool) -> dict
             "templates": items[:limit]}
 
 
-def list_jobs(jobs: JobManager, state: str | None, limit: int, offset: int,
+def list_jobs(jobs: ViewedJobs, state: str | None, limit: int, offset: int,
               only: tuple[str, list[Any]] | None = None) -> list[dict[str, Any]]:
     sql = ("SELECT j.job_id, j.state, j.created_at, j.updated_at, j.ended_at, j.exit_code, j.lines, j.bytes,"
            " j.last_report_id FROM api_jobs j")

@@ -21,9 +21,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from logdx.api.errors import ApiError
-from logdx.api.limits import TokenBucket
 from logdx.config import ServerSettings
+from logdx.jobs.limits import TokenBucket
+from logdx.wire.errors import ApiError
 
 _CLIENTS = 10_000  # clients whose rate is remembered (least recently seen forgotten first)
 _OPEN_CACHE_S = 1.0

@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 
 from logdx.act.capsule import expire_capsules
-from logdx.api.jobs import JobManager
 from logdx.config import Settings
+from logdx.jobs.manager import JobManager
 from logdx.store import Database, Expiry, delete_expired, expired_keys
 
 log = logging.getLogger("logdx.api")

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from logdx.act.report import Report
-from logdx.api.limits import TokenBucket
-from logdx.api.spool import Spool
+from logdx.jobs.limits import TokenBucket
+from logdx.jobs.spool import Spool
 from logdx.model import TemplateStats
 from logdx.pipeline import Session
 
@@ -185,7 +185,9 @@ class Job:
         self.last_line_at: float | None = None  # monotonic: when lines were last applied
         self.symptoms_since: float | None = None  # monotonic: symptoms (and no root cause) seen since
         self.hang_checked = False  # this silence (or these symptoms) was diagnosed already
-        # With the line bus (api/jobs_cluster.py), on the job's owner: the last stream sequence the
+        self.setup_words = 0  # NCCL start-up words read for advice (the session's `nccl_setup_words` then)
+        self.advised: set[tuple[str, str]] = set()  # (kind, host) of the degradations advised about
+        # With the line bus (jobs/cluster.py), on the job's owner: the last stream sequence the
         # session holds, requests whose END has not come yet, their DATA, unsaved changes.
         self.bus_seq = 0
         self.bus_pending: dict[str, dict[str, Any]] = {}

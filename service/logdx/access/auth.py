@@ -17,7 +17,7 @@ any token (loopback only), callers may upload and read, and the operator endpoin
 Audits record who acted as the token's name, never a name the caller supplies.
 
 Hosts: each token may speak for some hosts only (`server.tokens[].hosts`: hostlists, or `*` for a collector the
-operator runs; a node's own credential, `api/nodecreds.py` and `logdx.credentials`, for its node). What it says of
+operator runs; a node's own credential, `access/nodecreds.py` and `logdx.credentials`, for its node). What it says of
 any other host is a claim: kept, reported as unverified, never a reason to cordon (`Principal.hosts`).
 
 Tenants (`logdx.tenancy`): a token of any role may carry a `tenant`. It then writes and reads only its
@@ -37,13 +37,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from logdx import tenancy
-from logdx.api.errors import ApiError
-from logdx.api.nodecreds import KubernetesNodeTokens
+from logdx.access.nodecreds import KubernetesNodeTokens
 from logdx.config import ServerSettings
 from logdx.credentials import PREFIX, host_of_derived
 from logdx.hosts import HostScope
 from logdx.settings_base import Section
 from logdx.store import Store, migrate
+from logdx.wire.errors import ApiError
 
 SHIPPER, READER, OPERATOR, LOCAL = "shipper", "reader", "operator", "local"
 INGEST = frozenset({SHIPPER, OPERATOR, LOCAL})
@@ -111,7 +111,7 @@ class Authenticator:
         return bool(self._known) or bool(self._node_key) or self._kube_nodes is not None
 
     def _node(self, token: str) -> Principal | None:
-        """A node-bound credential (`api/nodecreds.py`): a shipper that speaks for its node only."""
+        """A node-bound credential (`access/nodecreds.py`): a shipper that speaks for its node only."""
         host = host_of_derived(self._node_key, token)
         if host is None and self._kube_nodes is not None and not token.startswith(PREFIX):
             host = self._kube_nodes.node_of(token)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from logdx.act.capsule import Evidence
 from logdx.act.policy import RestartVerdict
-from logdx.act.report import Report
+from logdx.act.report import DegradationBlock, Report
 from logdx.act.respond import Responder, Response
 
 log = logging.getLogger("logdx.api")
@@ -86,6 +86,7 @@ class Effect:
     healthy: Report | None = None
     healthy_hosts: tuple[str, ...] = ()
     runtime_s: float = 0.0
+    advice: tuple[DegradationBlock, ...] = ()  # a running job's start-up degradations not advised yet: an alert only
 
 
 class Actor:
@@ -128,6 +129,9 @@ class Actor:
     def _act(self, effect: Effect) -> None:
         if effect.healthy is not None and effect.healthy_hosts:
             self._responder.credit(effect.job_id, effect.healthy, effect.healthy_hosts, effect.runtime_s)
+        if effect.advice:
+            self._responder.advise(effect.job_id, effect.advice)
+            return
         if effect.resolved:
             for job_id in effect.resolved_jobs:
                 self._responder.resolved_job(job_id, effect.resolved)

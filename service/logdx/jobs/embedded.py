@@ -16,19 +16,17 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from logdx.act.report import Report
-from logdx.api.errors import ApiError
-from logdx.api.ingest import CpuBudget
-from logdx.api.jobstate import IngestRequest, Job
-from logdx.api.spool import DATA, END, Commit, InstanceLock, Spool, encode_runs
+from logdx.jobs.budget import CpuBudget
+from logdx.jobs.jobstate import IngestRequest, Job
+from logdx.jobs.ports import CoordinatedJobs
+from logdx.jobs.spool import DATA, END, Commit, InstanceLock, Spool, encode_runs
 from logdx.normalize import Source
 from logdx.pipeline import Session
 from logdx.store_base import StoreError
-
-if TYPE_CHECKING:
-    from logdx.api.jobs import JobManager
+from logdx.wire.errors import ApiError
 
 log = logging.getLogger("logdx.api")
 
@@ -38,7 +36,7 @@ class EmbeddedCoordinator:
 
     queues_until_ready = True
 
-    def __init__(self, jobs: JobManager) -> None:
+    def __init__(self, jobs: CoordinatedJobs) -> None:
         self.jobs = jobs
         self.settings = jobs.settings
         self.metrics = jobs.metrics

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
-from logdx.api.background import Timer
-from logdx.api.jobstate import Job
-
-if TYPE_CHECKING:
-    from logdx.api.jobs import JobManager
+from logdx.jobs.background import Timer
+from logdx.jobs.jobstate import Job
+from logdx.jobs.ports import HangJobs
 
 log = logging.getLogger("logdx.api")
 
@@ -26,7 +23,7 @@ _SILENCE_NOTICE = ("logdx run: training stalled: no progress line for longer tha
 class HangWatch:
     """Checks the open jobs held here every `hangs.check_interval_s`, on its own timer thread."""
 
-    def __init__(self, jobs: JobManager) -> None:
+    def __init__(self, jobs: HangJobs) -> None:
         self.jobs = jobs
         self.settings = jobs.settings
         self.timer = Timer(self._hang_tick, name="logdx-hangs").start()

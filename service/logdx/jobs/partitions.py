@@ -8,19 +8,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from logdx.api.errors import ApiError
-from logdx.api.jobstate import Job
-from logdx.api.spool import decode_runs
-from logdx.bus.base import BusError, PartitionReader
-from logdx.bus.ownership import Claim
+from logdx.bus.base import BusError, LineBus, PartitionReader
+from logdx.bus.ownership import Claim, Ownership
 from logdx.bus.records import DATA, END, FIN, BusRecord
+from logdx.config import Settings
+from logdx.jobs.jobstate import Job
+from logdx.jobs.ports import CoordinatedJobs
+from logdx.jobs.spool import decode_runs
 from logdx.pipeline import Session, SnapshotError
 from logdx.store_base import StoreError
-
-if TYPE_CHECKING:
-    from logdx.api.jobs_cluster import ClusterCoordinator
+from logdx.wire.errors import ApiError
 
 log = logging.getLogger("logdx.cluster")
 
@@ -30,10 +29,40 @@ _RETRY_APPLY_S = 0.5  # a record that met a store outage is applied again after 
 _BUSY_BUS = 0.5  # above this share of its size the bus is saved (and purged) every second
 
 
+class PartitionOwner(Protocol):
+    """What a partition's worker asks of the cluster coordinator that owns it (`ClusterCoordinator`)."""
+
+    applied_lines: int  # lines fed to sessions of owned partitions, counted by the workers
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def bus(self) -> LineBus: ...
+
+    @property
+    def own(self) -> Ownership: ...
+
+    @property
+    def jobs(self) -> CoordinatedJobs: ...
+
+    def gap(self, job_id: str, partition: int, kind: str, lines: int | None, detail: str) -> None: ...
+
+    def snapshot(self, worker: PartitionWorker) -> bool: ...
+
+    def evict_if_needed(self, keep: Job | None) -> None: ...
+
+    def store_failed(self) -> None: ...
+
+    def warn(self, key: str, msg: str, *args: Any) -> None: ...
+
+    def worker_stopped(self, worker: PartitionWorker) -> None: ...
+
+
 class PartitionWorker:
     """One owned partition: a thread that applies its records and saves it periodically."""
 
-    def __init__(self, manager: ClusterCoordinator, claim: Claim, reader: PartitionReader) -> None:
+    def __init__(self, manager: PartitionOwner, claim: Claim, reader: PartitionReader) -> None:
         self.manager = manager
         self.partition = claim.partition
         self.epoch = claim.epoch

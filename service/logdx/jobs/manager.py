@@ -4,9 +4,9 @@ Concurrency. A job's session (normaliser, Drain miner, detector) is never used b
 once: every use holds the job's `tlock`. Uploads queue on the job's asyncio lock before they take
 a worker thread, so sixty-four streams of one job wait on the event loop, not in the thread pool.
 
-Storage. Where lines and sessions live is the `Coordinator`'s (`api/coordinator.py`): the spool files of one
-process (`api/embedded.py`) or the line bus and partition owners of a cluster (`api/jobs_cluster.py`).
-Hang checks are `api/hangs.py`; reading a job (figures, templates, the list) is `api/jobviews.py`.
+Storage. Where lines and sessions live is the `Coordinator`'s (`jobs/coordinator.py`): the spool files of one
+process (`jobs/embedded.py`) or the line bus and partition owners of a cluster (`jobs/cluster.py`).
+Hang checks are `jobs/hangs.py`; reading a job (figures, templates, the list) is `jobs/jobviews.py`.
 
 Diagnosis. When a root-cause event appears, a diagnosis is scheduled (`early_diagnosis_delay_s`
 later, debounced); `/end` makes the final one. Each report whose diagnosis differs from the
@@ -31,14 +31,17 @@ from logdx.act.capsule import Evidence
 from logdx.act.costs import CostBook
 from logdx.act.history import AttemptHistory, lineage_of
 from logdx.act.policy import AttemptOutcome, restart_verdict
-from logdx.act.report import Report
-from logdx.api import jobviews
-from logdx.api.background import Actor, Effect, Timer
-from logdx.api.coordinator import Coordinator
-from logdx.api.errors import ApiError
-from logdx.api.hangs import HangWatch
-from logdx.api.ingest import CpuBudget
-from logdx.api.jobstate import (
+from logdx.act.report import DegradationBlock, Report
+from logdx.config import Settings
+from logdx.diagnose.degradations import degradations_in
+from logdx.hosts import HostScope
+from logdx.incidents import IncidentStore
+from logdx.jobs import jobviews
+from logdx.jobs.background import Actor, Effect, Timer
+from logdx.jobs.budget import CpuBudget
+from logdx.jobs.coordinator import Coordinator
+from logdx.jobs.hangs import HangWatch
+from logdx.jobs.jobstate import (
     COMPONENT,
     MIGRATIONS,
     PG_MIGRATIONS,
@@ -49,17 +52,15 @@ from logdx.api.jobstate import (
     template_dict,
     templates_snapshot,
 )
-from logdx.api.limits import TokenBucket
-from logdx.api.metrics import Metrics
-from logdx.config import Settings
-from logdx.hosts import HostScope
-from logdx.incidents import IncidentStore
+from logdx.jobs.limits import TokenBucket
+from logdx.jobs.metrics import Metrics
 from logdx.model import FT, Category, FailureContext
 from logdx.normalize import Source
 from logdx.pipeline import Engine, Session
 from logdx.store import migrate
 from logdx.store_base import Store, StoreError
 from logdx.web.store import JobViews
+from logdx.wire.errors import ApiError
 
 # The faces import these from here (the job manager's module).
 __all__ = ["COMPONENT", "MIGRATIONS", "PG_MIGRATIONS", "IngestRequest", "Job", "JobManager", "template_dict"]
@@ -93,11 +94,11 @@ class JobManager:
         self.costs = CostBook(db)  # what each failed job cost (logdx costs)
         self.views = JobViews(db)  # the job pages (logdx.web)
         if coordinator is None:
-            from logdx.api.embedded import EmbeddedCoordinator
+            from logdx.jobs.embedded import EmbeddedCoordinator
 
             coordinator = EmbeddedCoordinator
         self.coord: Coordinator = coordinator(self)
-        # Node streams joined to jobs (api/nodestreams.py): `before_final(job_id, session, exit_code)`.
+        # Node streams joined to jobs (jobs/nodestreams.py): `before_final(job_id, session, exit_code)`.
         self.node_hooks: Any = None
         self.timer = Timer(self._scheduled_diagnosis).start()
         self.hangs = HangWatch(self)
@@ -232,6 +233,7 @@ class JobManager:
         session = job.session
         if session is None or job.state != "open":
             return
+        self._advise(job, session)
         if not session.take_new_root_causes():
             return
         if job.root_cause_at is None:
@@ -239,6 +241,21 @@ class JobManager:
         if not job.scheduled:
             job.scheduled = True
             self.timer.schedule(job.id, self.settings.server.early_diagnosis_delay_s)
+
+    def _advise(self, job: Job, session: Session) -> None:
+        """What the start-up lines that just arrived say will slow the job: advice, alerted once per kind and host
+        (the outbox dedupes across replicas and restarts). Read only when NCCL said something new."""
+        words = session.compressor.nccl_setup_words
+        if words == job.setup_words or self.actor is None:
+            return
+        job.setup_words = words
+        fresh = [g for g in degradations_in(session.compressor.nccl_setup) if (g.kind, g.host) not in job.advised]
+        if not fresh:
+            return
+        job.advised.update((g.kind, g.host) for g in fresh)
+        self.actor.submit(Effect(job.id, None, "", advice=tuple(
+            DegradationBlock(kind=g.kind, host=g.host, line_no=g.line_no, text=g.text[:300], effect=g.effect)
+            for g in fresh)))
 
     def _scheduled_diagnosis(self, job_id: str) -> None:
         job = self._jobs.get(job_id)
@@ -356,7 +373,7 @@ class JobManager:
                                      healthy=report if hosts else None, healthy_hosts=hosts, runtime_s=runtime_s))
 
     def reopen(self, job_id: str, session: Session, report: Report, what_changed: Callable[[Report | None], str]) -> bool:
-        """An ended job diagnosed again (a late node event, api/nodestreams.py): stored and acted on like
+        """An ended job diagnosed again (a late node event, jobs/nodestreams.py): stored and acted on like
         any diagnosis change (one alert per distinct diagnosis), its report saying what changed.
         True when the diagnosis changed."""
         row = self.row(job_id)
@@ -429,7 +446,7 @@ class JobManager:
         data.pop("report_id", None)
         return Report.model_validate(data)
 
-    # -- reading (api/jobviews.py) -----------------------------------------------------------------
+    # -- reading (jobs/jobviews.py) -----------------------------------------------------------------
 
     def describe(self, job: Job) -> dict[str, Any]:
         return jobviews.describe(self, job)

@@ -6,8 +6,8 @@ import ipaddress
 import threading
 import time
 
-from logdx.api.errors import ApiError
 from logdx.tenancy import JOB_ID_PATTERN, is_job_id
+from logdx.wire.errors import ApiError
 
 JOB_ID_RULE = (f"must match {JOB_ID_PATTERN} (letters, digits, '.', '_', '-'; a tenant's job may be named "
                "<tenant>:<name>)")

@@ -1,7 +1,7 @@
 """Jobs when several replicas run (`bus.url` + `store.url`): the `Coordinator` with
 the line bus instead of the spool files and partitions owned by one worker at a time.
 
-Ingestion (`api/bus_ingest.py`): uploads are published to the job's partition of the line bus.
+Ingestion (`jobs/bus_ingest.py`): uploads are published to the job's partition of the line bus.
 
 Diagnosis (role `worker` or `all`): the coordinator thread heartbeats, renews its partitions' leases
 and claims free ones up to its fair share (`logdx.bus.ownership`). Each owned partition has a thread
@@ -45,23 +45,21 @@ import json
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from logdx.act.report import Report
-from logdx.api.bus_ingest import BusIngest
-from logdx.api.errors import ApiError
-from logdx.api.ingest import CpuBudget
-from logdx.api.jobstate import IngestRequest, Job, summary_dict, templates_snapshot
-from logdx.api.partitions import PartitionWorker, gap_note
 from logdx.bus.base import BusError, BusUsage, LineBus
 from logdx.bus.ownership import WORKER_ROLES, Claim, Ownership, SavedJob
 from logdx.bus.records import partition_of
+from logdx.jobs.budget import CpuBudget
+from logdx.jobs.bus_ingest import BusIngest
+from logdx.jobs.jobstate import IngestRequest, Job, summary_dict, templates_snapshot
+from logdx.jobs.partitions import PartitionWorker, gap_note
+from logdx.jobs.ports import CoordinatedJobs
 from logdx.normalize import Source
 from logdx.pipeline import Session
 from logdx.store_base import StoreError
-
-if TYPE_CHECKING:
-    from logdx.api.jobs import JobManager
+from logdx.wire.errors import ApiError
 
 log = logging.getLogger("logdx.cluster")
 
@@ -76,7 +74,7 @@ class ClusterCoordinator:
 
     queues_until_ready = False
 
-    def __init__(self, jobs: JobManager, bus: LineBus, ownership: Ownership) -> None:
+    def __init__(self, jobs: CoordinatedJobs, bus: LineBus, ownership: Ownership) -> None:
         self.jobs = jobs
         self.settings = settings = jobs.settings
         self.db = jobs.db
@@ -452,7 +450,7 @@ class ClusterCoordinator:
     def forgotten(self, job_id: str) -> None:
         self.own.forget_job_entirely(job_id)
 
-    # -- ingestion (any ingest replica): api/bus_ingest.py -----------------------------------------
+    # -- ingestion (any ingest replica): jobs/bus_ingest.py -----------------------------------------
 
     def spool_runs(self, job: Job, req: IngestRequest, runs: list[tuple[Source, list[bytes]]], lines: int) -> None:
         self.ingest.spool_runs(job, req, runs, lines)

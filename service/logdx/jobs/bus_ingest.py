@@ -1,5 +1,5 @@
 """Uploads when several replicas run: any replica with role `ingest` or `all` publishes them to the
-line bus, and the job's owner (`api/partitions.py`) applies them.
+line bus, and the job's owner (`jobs/partitions.py`) applies them.
 
 Ingestion (any replica with role `ingest` or `all`): an upload's lines are published to the job's
 partition as DATA records as the body arrives, then one END record; the 2xx is sent once JetStream
@@ -15,21 +15,19 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from logdx.act.report import Report
-from logdx.api.errors import ApiError
-from logdx.api.ingest import CpuBudget
-from logdx.api.jobstate import IngestRequest, Job
-from logdx.api.spool import encode_runs
 from logdx.bus.base import BusError, BusFull, LineBus
 from logdx.bus.ownership import Ownership
 from logdx.bus.records import DATA, END, FIN, BusRecord
+from logdx.jobs.budget import CpuBudget
+from logdx.jobs.jobstate import IngestRequest, Job
+from logdx.jobs.ports import CoordinatedJobs
+from logdx.jobs.spool import encode_runs
 from logdx.normalize import Source
 from logdx.store_base import StoreError
-
-if TYPE_CHECKING:
-    from logdx.api.jobs import JobManager
+from logdx.wire.errors import ApiError
 
 log = logging.getLogger("logdx.cluster")
 
@@ -40,7 +38,7 @@ _ABORTS_KEPT = 10_000  # requests whose aborting END waits for the bus to come b
 class BusIngest:
     """Publishes uploads and `/end` to the line bus (`ClusterCoordinator`'s ingestion side)."""
 
-    def __init__(self, jobs: JobManager, bus: LineBus, ownership: Ownership,
+    def __init__(self, jobs: CoordinatedJobs, bus: LineBus, ownership: Ownership,
                  warn: Callable[..., None]) -> None:
         self.jobs = jobs
         self.settings = jobs.settings

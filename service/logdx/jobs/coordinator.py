@@ -2,13 +2,13 @@
 
 A `Coordinator` decides where a job's lines and state live and who applies them:
 
-- `EmbeddedCoordinator` (`api/embedded.py`, one process, the default): every job's lines go to its
+- `EmbeddedCoordinator` (`jobs/embedded.py`, one process, the default): every job's lines go to its
   spool file and are applied to its session here; a session is rebuilt by replaying the spool.
-- `ClusterCoordinator` (`api/jobs_cluster.py`, `bus.url` + `store.url`): lines are published to the
+- `ClusterCoordinator` (`jobs/cluster.py`, `bus.url` + `store.url`): lines are published to the
   line bus; the replica that owns the job's partition applies them and saves the session in
   PostgreSQL; the others read what it saved.
 
-The `JobManager` (`api/jobs.py`) holds what both share: the job rows and registry, diagnosis
+The `JobManager` (`jobs/manager.py`) holds what both share: the job rows and registry, diagnosis
 (early, hangs, final), reports and what they change, reading, retention.
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from logdx.act.report import Report
-from logdx.api.ingest import CpuBudget
-from logdx.api.jobstate import IngestRequest, Job
+from logdx.jobs.budget import CpuBudget
+from logdx.jobs.jobstate import IngestRequest, Job
 from logdx.normalize import Source
 from logdx.pipeline import Session
 from logdx.store_base import StoreError

@@ -41,14 +41,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from logdx.act.report import Report
-from logdx.api.errors import ApiError
-from logdx.api.jobs import IngestRequest, JobManager
 from logdx.config import NodeStreamSettings
 from logdx.hosts import HostScope
+from logdx.jobs.manager import IngestRequest, JobManager
 from logdx.normalize import Source
 from logdx.pipeline import Session, SnapshotError
 from logdx.store import Store, migrate
 from logdx.store_base import StoreError
+from logdx.wire.errors import ApiError
 
 log = logging.getLogger("logdx.nodes")
 
