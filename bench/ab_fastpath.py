@@ -32,18 +32,28 @@ from logdx.diagnose.rules import default_rules_dir, load_rules
 from logdx.patterns import mask
 
 FILES = ("normalize", "compress", "patterns")
+# The compressor's parts since it was split (issue 34): loaded from the revision when it has them.
+PARTS = ("compress_config", "mining", "keep_policy", "topology")
 
 
 def load_revision(rev: str) -> tuple:
-    """The revision's three modules as package `logdx_rev` (imports between them rewired)."""
+    """The revision's hot-path modules as package `logdx_rev` (imports between them rewired)."""
     root = Path(tempfile.mkdtemp(prefix="logdx-rev-"))
     pkg = root / "logdx_rev"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    for name in FILES:
-        src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:service/logdx/{name}.py"],
-                             capture_output=True, text=True, check=True).stdout
-        (pkg / f"{name}.py").write_text(src.replace("from logdx.patterns", "from logdx_rev.patterns"))
+    sources = {}
+    for name in FILES + PARTS:
+        got = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:service/logdx/{name}.py"],
+                             capture_output=True, text=True)
+        if got.returncode == 0:
+            sources[name] = got.stdout
+        elif name in FILES:
+            raise SystemExit(f"{rev} has no service/logdx/{name}.py: {got.stderr.strip()}")
+    for name, src in sources.items():
+        for other in sources:
+            src = src.replace(f"from logdx.{other} import", f"from logdx_rev.{other} import")
+        (pkg / f"{name}.py").write_text(src)
     sys.path.insert(0, str(root))
     return importlib.import_module("logdx_rev.normalize"), importlib.import_module("logdx_rev.compress")
 

@@ -138,9 +138,9 @@ def test_merged_ids_join_templates_that_differ_only_at_wildcards():
     texts = ["job alpha finished step one", "job beta finished step one", "job 42 finished step one",
              "job 43 finished step one", "disk sda full now"]
     c, _ = _raw_feed(texts)
-    assert len(list(c._drain.clusters)) == 4
+    assert len(list(c.miner.drain.clusters)) == 4
     merged = c.merged_ids()
-    assert len({merged[cl.cluster_id] for cl in c._drain.clusters}) == 2
+    assert len({merged[cl.cluster_id] for cl in c.miner.drain.clusters}) == 2
     job = {c.template_id_of(t) for t in texts[:4]}
     assert len(job) == 1 and c.template_id_of(texts[4]) not in job
     stats = {t.template_id: t for t in c.templates()}
@@ -148,7 +148,7 @@ def test_merged_ids_join_templates_that_differ_only_at_wildcards():
     (tid,) = job
     assert stats[tid].count == 4 and stats[tid].first_line == 1 and stats[tid].last_line == 4
     assert stats[tid].template == "job <*> finished step one"
-    assert sum(s.count for s in c._stats.values()) == 5  # the live statistics stay per variant
+    assert sum(s.count for s in c.miner.stats.values()) == 5  # the live statistics stay per variant
 
 
 def _vm_events(n_instances=20):
@@ -205,7 +205,7 @@ def test_a_template_with_too_many_variants_is_never_split():
 
 
 def test_merged_ids_keep_templates_that_differ_in_a_word():
-    from logdx.compress import _covers
+    from logdx.mining import _covers
 
     assert _covers(["VM", "<*>", "(Lifecycle", "Event)"], ["VM", "Paused", "(Lifecycle", "Event)"])
     assert not _covers(["VM", "Resumed", "<*>"], ["VM", "Paused", "<*>"])

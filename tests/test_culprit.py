@@ -200,7 +200,7 @@ def test_an_allocation_of_several_nodes_or_no_plain_name_links_nothing(engine, e
     ("$(reboot)", []),
 ])
 def test_allocation_specs_of_each_scheduler(spec, hosts):
-    from logdx.compress import allocation_hosts
+    from logdx.topology import allocation_hosts
 
     assert allocation_hosts(spec) == hosts
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, cast
 
 from logdx import __version__
 from logdx.act.report import Report, build_report
-from logdx.compress import CompressConfig, Compressor
+from logdx.compress import CompressConfig, Compressor, KeepPolicy
 from logdx.config import Settings
 from logdx.detect import DetectConfig, Detector
 from logdx.diagnose.cascade import Diagnoser
@@ -66,6 +66,9 @@ class Engine:
     rules: RuleSet
     diagnoser: Diagnoser
     incidents: IncidentStore | None = None  # past incidents and stored reports (None: rules only)
+    # Which lines each session's compressor keeps whole: a factory of the job's CompressConfig (a class taking
+    # it does); None: logdx's own (compress.DefaultKeepPolicy). See keep_policy.py.
+    keep_policy: Callable[[CompressConfig], KeepPolicy] | None = None
 
     @classmethod
     def create(
@@ -75,12 +78,13 @@ class Engine:
         *,
         incidents: IncidentStore | None = None,
         warm: bool = False,
+        keep_policy: Callable[[CompressConfig], KeepPolicy] | None = None,
     ) -> Engine:
         """Load rules, and the incident store, retrieval and LLM stages that the settings enable.
 
         Models load lazily at the first diagnosis that needs them; `warm=True` loads them now
         (a server wants to be ready before its first request, a CLI run on a healthy log never
-        needs them)."""
+        needs them). `keep_policy`: see `Engine.keep_policy`."""
         dirs = [default_rules_dir(), *settings.rules.dirs, *extra_rule_dirs]
         rules = load_rules(dirs, cache_dir=settings.data_dir / "cache")
         diagnoser = _rules_and_catalog(settings, rules)
@@ -104,7 +108,7 @@ class Engine:
 
             examples = retriever.examples if retriever is not None else None
             diagnoser.llm = make_llm(settings.llm, examples=examples)
-        engine = cls(settings=settings, rules=rules, diagnoser=diagnoser, incidents=incidents)
+        engine = cls(settings=settings, rules=rules, diagnoser=diagnoser, incidents=incidents, keep_policy=keep_policy)
         if warm:
             engine.warm_up()
         return engine
@@ -271,19 +275,19 @@ class Session:
     def __post_init__(self) -> None:
         s = self.engine.settings
         self.normalizer = Normalizer(max_line_bytes=s.input.max_line_bytes)
-        self.compressor = Compressor(
-            CompressConfig(
-                drain_depth=s.compress.drain_depth,
-                drain_sim_th=s.compress.drain_sim_th,
-                max_templates=s.compress.max_templates,
-                max_tokens=s.compress.max_tokens,
-                max_kept_lines=s.compress.max_kept_lines,
-                kept_per_error_template=s.compress.kept_per_error_template,
-                tail_lines_per_source=s.compress.tail_lines_per_source,
-                split_max_words=s.compress.split_max_words,
-            ),
-            also_error=self.engine.rules.could_match,
+        config = CompressConfig(
+            drain_depth=s.compress.drain_depth,
+            drain_sim_th=s.compress.drain_sim_th,
+            max_templates=s.compress.max_templates,
+            max_tokens=s.compress.max_tokens,
+            max_kept_lines=s.compress.max_kept_lines,
+            kept_per_error_template=s.compress.kept_per_error_template,
+            tail_lines_per_source=s.compress.tail_lines_per_source,
+            split_max_words=s.compress.split_max_words,
         )
+        make_policy = self.engine.keep_policy
+        self.compressor = Compressor(config, also_error=self.engine.rules.could_match,
+                                     keep_policy=make_policy(config) if make_policy is not None else None)
         self.detector = Detector(DetectConfig(stall_factor=s.detect.stall_factor, stall_min_s=s.detect.stall_min_s))
         self.events: list[Event] = []
         self.root_cause_events: list[Event] = []  # events a root-cause rule matched, as they came
