@@ -82,10 +82,11 @@ _WARN_LEVEL = re.compile(r"\bWARN(?:ING)?\b|\bwarning:", re.IGNORECASE)
 
 def _only_warns(masked: str) -> bool:
     """The line's only error word is its level, WARNING (judged once per shape)."""
-    return _WARN_LEVEL.search(masked) is not None and not _has_error_word(_WARN_LEVEL.sub(" ", masked))
+    return _WARN_LEVEL.search(masked) is not None and not has_error_word(_WARN_LEVEL.sub(" ", masked))
 
 
-def _has_error_word(masked: str) -> bool:
+def has_error_word(masked: str) -> bool:
+    """Whether a line bears one of the words that make it error-bearing (what the compressor keeps whole)."""
     if masked.isascii():
         return _ERROR_WORDS_LOWER.search(masked.lower()) is not None
     return _ERROR_WORDS.search(masked) is not None
@@ -267,7 +268,7 @@ class Compressor:
 
     def _new_shape(self, key: bytes, masked: str, text: str) -> Shape:
         stats = self.miner.variant_for(masked)
-        error = _has_error_word(masked) or (self.also_error is not None and self.also_error(text))
+        error = has_error_word(masked) or (self.also_error is not None and self.also_error(text))
         # "*** STEP 42 CANCELLED ***" names a step but is no progress. (NaN losses are found by
         # value, not by word, so Megatron's "number of nan iterations: 0" stays progress.)
         # A save names its step ("saved checkpoint at iteration 200") but is not a step of training.

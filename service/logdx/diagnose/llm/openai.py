@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from logdx.compress import _has_error_word as has_error_word  # made public once the compressor split lands
+from logdx.compress import has_error_word
 from logdx.config import LLMSettings
 from logdx.diagnose.llm.labels import candidate_labels, example_dict, near_misses, proposed_labels, query_lines
 from logdx.diagnose.llm.prompts import Prompts
