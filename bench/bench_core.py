@@ -126,7 +126,7 @@ def main() -> int:
         finally:
             for commit in commits:
                 subprocess.run(["git", "worktree", "remove", "--force", str(Path(tmp) / commit)], check=False, cwd=REPO)
-    result = summarise(runs, args.lines, args.runs, str(log))
+    result = summarise(runs, count_lines(log), args.runs, str(log))  # the lines synth wrote, not those asked for
     print_result(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
