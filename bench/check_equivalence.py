@@ -229,5 +229,5 @@ extra = ["\u212aill", "ſigterm", "TİMEOUT", "tıMEOUT", "ERROR", "Can\u2019t",
          "fooerror", "STEP 3", "Iteration", "ıteration", "it/S", "The KİLL", "ſtep", "Epoch:", "losses", "no_attribute", "é no attribute é"]
 texts = extra + [P.mask(l.decode("utf-8", "replace")) for l in corpus_lines[::3]] + [P.mask(l.decode("utf-8", "replace")) for l in fuzz_lines(20000, 8)]
 for t in texts:
-    assert bool(OC._ERROR_WORDS.search(t)) == C._has_error_word(t), t
+    assert bool(OC._ERROR_WORDS.search(t)) == C.has_error_word(t), t
 print("error/progress words equivalent on", len(texts))

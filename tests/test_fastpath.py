@@ -10,7 +10,7 @@ from logdx.compress import (
     _ERROR_WORDS,
     CompressConfig,
     Compressor,
-    _has_error_word,
+    has_error_word,
 )
 from logdx.normalize import Normalizer
 from logdx.patterns import mask
@@ -73,7 +73,7 @@ def test_case_folding_fast_path_matches_ignorecase():
              "no attributes", "fooerror", "STEP 3", "Iteration 5", "it/S", "ſtep", "Epoch: 1", "losses", "é no attribute é"]
     texts += [mask(r.decode()) for r in _lines(2000, 2)]
     for t in texts:
-        assert _has_error_word(t) == bool(_ERROR_WORDS.search(t)), t
+        assert has_error_word(t) == bool(_ERROR_WORDS.search(t)), t
 
 
 def test_template_id_of_names_the_template_add_used():
