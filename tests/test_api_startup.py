@@ -29,7 +29,8 @@ def test_while_models_load_reads_answer_uploads_queue_and_readyz_says_why(tmp_pa
     ensure_converted(MODEL)  # make install did (a no-op then)
     cache = tmp_path / "models"
     cache.mkdir()
-    srv = Server(tmp_path / "srv", extra={"llm": {"enabled": True, "cache_dir": str(cache)}})
+    # The LLM as the arbiter (the default, the classifier, loads no LLM).
+    srv = Server(tmp_path / "srv", extra={"llm": {"enabled": True, "cache_dir": str(cache)}, "arbiter": {"stage": "llm"}})
     with open(cache / "gemma3-270m.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # as if another process were converting the model right now
         srv.start(ready=False, log_level="info")
@@ -85,7 +86,7 @@ def test_while_models_load_reads_answer_uploads_queue_and_readyz_says_why(tmp_pa
 
 def test_a_model_that_cannot_load_is_the_reason_readyz_gives(tmp_path: Path) -> None:
     srv = Server(tmp_path / "srv", extra={"llm": {"enabled": True, "cache_dir": str(tmp_path / "none"),
-                                                  "allow_convert": False}})
+                                                  "allow_convert": False}, "arbiter": {"stage": "llm"}})
     srv.start(ready=False)
     try:
         failed = wait_until(lambda: (r := httpx.get(srv.url + "/readyz")).status_code == 503
