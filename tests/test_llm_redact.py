@@ -12,7 +12,15 @@ from llm_server import ChatServer
 from logdx.config import load_settings
 from logdx.diagnose.llm import make_llm
 from logdx.diagnose.llm.redact import Redactor, is_loopback_url, redacts
+from logdx.incidents import Incident
+from logdx.model import Action, Category
 from logdx.pipeline import Engine
+
+# A past incident near the job's stale mount (retrieval off: handed to the LLM as its example): the evidence
+# that proposes the label the server answers (an answer nothing proposed would be an abstention).
+STALE = Incident("inc-stale", "OSError: [Errno 116] Stale file handle: '/mnt/lustre/data/shard-0007'",
+                 "OSError: [Errno <*>] Stale file handle: <*>", [], Category.INFRASTRUCTURE, "storage_error",
+                 Action.RESTART)
 
 HOSTS = ("gpu-node-07", "gpu-node-12")
 SECRET = "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789"
@@ -76,7 +84,7 @@ def _engine(server: ChatServer, redact: str = "auto") -> Engine:
     engine = Engine.create(s)
     engine.diagnoser.llm = make_llm(s.llm.model_copy(update={
         "enabled": True, "backend": "openai", "base_url": server.base_url, "model": "test", "timeout_s": 5.0,
-        "redact": redact}))
+        "redact": redact}), examples=lambda ctx, exclude: [STALE])
     return engine
 
 
